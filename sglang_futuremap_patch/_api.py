@@ -1,0 +1,118 @@
+"""apply / revert / status: the policy around the engine (modes, logging, strictness)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from sglang_futuremap_patch import _engine
+from sglang_futuremap_patch._engine import Backport, PatchError, Verdict
+
+ENV_VAR = "SGLANG_FUTUREMAP_PATCH"
+MODES = ("off", "safe", "strict")
+PREFIX = "sglang_futuremap_patch:"
+
+logger = logging.getLogger("sglang_futuremap_patch")
+
+
+def read_mode(environ: dict[str, str] | None = None) -> str:
+    """The mode from ``SGLANG_FUTUREMAP_PATCH``; an unknown value is an error, not a guess."""
+    raw = (environ if environ is not None else os.environ).get(ENV_VAR, "safe")
+    mode = raw.strip().lower() or "safe"
+    if mode not in MODES:
+        raise ValueError(f"{ENV_VAR}={raw!r} is not one of {', '.join(MODES)}")
+    return mode
+
+
+@dataclass
+class Report:
+    """What apply() or status() found, in a form the CLI and tests can read."""
+
+    mode: str
+    verdict: Verdict
+    series: tuple[Backport, ...] = ()
+    applied: list[str] = field(default_factory=list)
+
+    @property
+    def patched(self) -> bool:
+        return bool(self.applied)
+
+
+def _load(version: str) -> tuple[tuple[Backport, ...], Verdict]:
+    early = _engine.version_verdict(version)
+    if early is not None:
+        return (), early
+    try:
+        from sglang_futuremap_patch.backports import load_series
+
+        series = load_series()
+    except Exception as exc:  # an edited SGLang that no longer imports the way we expect
+        return (), Verdict(version, "mismatch", f"cannot load the back-ports: {type(exc).__name__}: {exc}")
+    return series, _engine.gate(series, version)
+
+
+def status(version: str | None = None) -> Report:
+    """Inspect the installed SGLang without changing it."""
+    version = version or _engine.sglang_version()
+    series, verdict = _load(version)
+    return Report(read_mode_or_default(), verdict, series, _engine.applied_backports())
+
+
+def read_mode_or_default() -> str:
+    try:
+        return read_mode()
+    except ValueError:
+        return "invalid"
+
+
+def apply(mode: str | None = None, version: str | None = None) -> Report:
+    """Apply every back-port or none, and say so in one line per process.
+
+    ``safe`` logs a WARNING and leaves SGLang untouched when anything is unexpected;
+    ``strict`` raises :class:`PatchError` instead. ``version`` overrides the detected
+    SGLang version (tests use it to pretend another release).
+    """
+    mode = read_mode() if mode is None else mode
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    version = version or _engine.sglang_version()
+    if mode == "off":
+        _engine.announce(logging.INFO, f"{PREFIX} disabled by {ENV_VAR}=off; SGLang {version} left untouched")
+        return Report(mode, Verdict(version, "off", f"{ENV_VAR}=off"))
+    series, verdict = _load(version)
+    report = Report(mode, verdict, series)
+    if verdict.decision == "applied":
+        report.applied = _engine.applied_backports()
+        return report
+    if verdict.decision == "upstream":
+        _engine.announce(logging.INFO, f"{PREFIX} nothing to patch: {verdict.reason}")
+        return report
+    if verdict.decision == "patch":
+        try:
+            report.applied = _engine.install(series, verdict)
+        except PatchError as exc:
+            verdict.decision, verdict.reason = "failed", str(exc)
+        else:
+            names = ", ".join(f"{bp.id} ({bp.pr_list})" for bp in series)
+            count = len(_engine.installed_paths())
+            _engine.announce(
+                logging.INFO,
+                f"{PREFIX} applied {len(series)} back-ports ({count} targets) to SGLang "
+                f"{version} [pid {os.getpid()}]: {names}",
+            )
+            return report
+    message = f"{PREFIX} skipped, SGLang {version} left untouched: {verdict.reason}"
+    if mode == "strict":
+        raise PatchError(message)
+    _engine.announce(logging.WARNING, message)
+    return report
+
+
+def revert() -> list[str]:
+    """Restore every original object; returns the ids that were reverted."""
+    ids = _engine.applied_backports()
+    _engine.uninstall()
+    if ids:
+        logger.info("%s reverted %s", PREFIX, ", ".join(ids))
+    return ids

@@ -1,0 +1,420 @@
+"""The patch engine: gate, fingerprint, install all-or-nothing, revert.
+
+Back-port modules only *declare* what they change (:class:`Target`, :class:`Backport`);
+everything that touches SGLang's objects lives here.
+
+Two kinds of replacement:
+
+* ``splice`` (the default): the function is re-created with the *target module's* globals,
+  so it runs exactly as if its source had been pasted into that SGLang file. The patch
+  series in ``patches/`` is produced by pasting the very same source, which is what makes
+  the plugin and the patches one piece of code (``scripts/export_patches.py``).
+* ``wrap``: keeps the plugin module's globals; used only where the plugin must delegate
+  to the original object (see ``Target.original_arg``).
+"""
+
+from __future__ import annotations
+
+import ast
+import dis
+import hashlib
+import importlib
+import inspect
+import logging
+import sys
+import textwrap
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from packaging.version import InvalidVersion, Version
+
+logger = logging.getLogger("sglang_futuremap_patch")
+
+#: ``Target.expected`` value for an attribute the back-port adds (it must not exist yet).
+ABSENT = "absent"
+#: SGLang releases whose sources the fingerprints were taken from.
+SUPPORTED_VERSIONS = ("0.5.12", "0.5.12.post1")
+#: First release that ships the publish/stash design itself.
+UPSTREAM_VERSION = Version("0.5.13")
+
+MARK = "__sglang_futuremap_patch__"
+
+
+class PatchError(RuntimeError):
+    """Raised in strict mode when the back-port cannot be applied as a whole."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One attribute that a back-port replaces or adds.
+
+    ``owner`` is a module path; ``name`` is ``"attr"`` (module level) or ``"Class.attr"``.
+    ``expected`` is the fingerprint of the pristine 0.5.12.x object, or :data:`ABSENT`.
+    ``kind`` is ``"splice"`` (function re-bound to the target module's globals), ``"wrap"``
+    (function keeps the plugin's globals; if ``original_arg`` is set, the original object
+    is passed to the replacement as that keyword-only default) or ``"value"`` (any
+    object set as is, e.g. an imported name the spliced code needs).
+    ``import_line`` is the source line the patch series uses for a ``value`` target.
+    """
+
+    owner: str
+    name: str
+    replacement: Any
+    expected: str
+    kind: str = "splice"
+    original_arg: str | None = None
+    import_line: str | None = None
+
+    @property
+    def path(self) -> str:
+        return f"{self.owner}:{self.name}"
+
+
+@dataclass(frozen=True)
+class Backport:
+    """One logical upstream change: one module, one patch file, one test file."""
+
+    id: str
+    title: str
+    upstream_prs: tuple[int, ...]
+    patch_file: str
+    targets: tuple[Target, ...]
+    summary: str = ""
+
+    @property
+    def pr_list(self) -> str:
+        return ", ".join(f"#{n}" for n in self.upstream_prs)
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                if isinstance(body[0].value.value, str):
+                    node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def normalized_source(obj: Any) -> str:
+    """Source of a function as an AST dump: comments, docstrings and layout do not count."""
+    func = inspect.unwrap(obj) if callable(obj) else obj
+    src = textwrap.dedent(inspect.getsource(func))
+    tree = _strip_docstrings(ast.parse(src))
+    for node in tree.body:  # the plugin names its copies apart (eagle_verify, ...)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.name = "_"
+            node.decorator_list = []
+    return ast.dump(tree, annotate_fields=False, include_attributes=False)
+
+
+def fingerprint(obj: Any) -> str:
+    """A short, stable digest of a function's normalised source (or of a value's repr)."""
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, (types.FunctionType, types.MethodType)):
+        text = normalized_source(obj)
+    else:
+        text = repr(obj)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- resolution
+
+
+def _resolve_owner(target: Target) -> tuple[Any, str, types.ModuleType]:
+    module = importlib.import_module(target.owner)
+    *parents, attr = target.name.split(".")
+    obj: Any = module
+    for part in parents:
+        obj = getattr(obj, part)
+    return obj, attr, module
+
+
+def _global_names(code: types.CodeType) -> Iterator[str]:
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            yield ins.argval
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _global_names(const)
+
+
+def missing_globals(func: types.FunctionType, namespace: dict[str, Any]) -> list[str]:
+    """Names the function reads as globals that the namespace (or builtins) lacks."""
+    import builtins
+
+    return sorted(
+        {n for n in _global_names(func.__code__) if n not in namespace and not hasattr(builtins, n)}
+    )
+
+
+# ----------------------------------------------------------------------------- gate
+
+
+@dataclass
+class TargetCheck:
+    target: Target
+    state: str  # "ready" | "in-source" | "mismatch" | "missing" | "applied"
+    found: str = ""
+    detail: str = ""
+
+
+@dataclass
+class Verdict:
+    sglang_version: str
+    decision: str  # "patch" | "upstream" | "unsupported" | "mismatch" | "applied"
+    reason: str
+    checks: dict[str, list[TargetCheck]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.decision in ("patch", "applied")
+
+
+def sglang_version() -> str:
+    import sglang
+
+    return str(getattr(sglang, "__version__", "unknown"))
+
+
+def _check_target(target: Target, pending: dict[str, dict[str, Any]]) -> TargetCheck:
+    try:
+        owner, attr, module = _resolve_owner(target)
+    except Exception as exc:  # an import error or a missing class is a mismatch too
+        return TargetCheck(target, "missing", detail=f"{type(exc).__name__}: {exc}")
+    raw = owner.__dict__.get(attr, None) if hasattr(owner, "__dict__") else None
+    if any(it.owner is owner and it.attr == attr for it in _STATE.applied):
+        return TargetCheck(target, "applied", found=fingerprint(raw))
+    if target.expected == ABSENT:
+        if raw is not None or (isinstance(owner, types.ModuleType) and hasattr(owner, attr)):
+            found = fingerprint(raw) if raw is not None else "?"
+            if target.kind != "value" and raw is not None and found == fingerprint(target.replacement):
+                return TargetCheck(target, "in-source", found=found)
+            if target.kind == "value" and getattr(owner, attr, None) is target.replacement:
+                return TargetCheck(target, "in-source", found=found)
+            return TargetCheck(target, "mismatch", found=found, detail="already defined")
+        state = "ready"
+        found = ABSENT
+    else:
+        if raw is None:
+            return TargetCheck(target, "missing", detail="attribute not found")
+        found = fingerprint(raw)
+        if found == target.expected:
+            state = "ready"
+        elif target.kind != "value" and found == fingerprint(target.replacement):
+            return TargetCheck(target, "in-source", found=found)
+        else:
+            return TargetCheck(target, "mismatch", found=found, detail=f"expected {target.expected}")
+    if target.kind == "splice":
+        namespace = dict(vars(module))
+        namespace.update(pending.get(target.owner, {}))
+        missing = missing_globals(target.replacement, namespace)
+        if missing:
+            return TargetCheck(target, "mismatch", found=found, detail=f"module lacks {missing}")
+    return TargetCheck(target, state, found=found)
+
+
+def version_verdict(version: str) -> Verdict | None:
+    """A verdict when the version alone rules the back-port out, else None."""
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return Verdict(version, "unsupported", f"unparsable SGLang version {version!r}")
+    if version in SUPPORTED_VERSIONS:
+        return None
+    if parsed >= UPSTREAM_VERSION:
+        return Verdict(version, "upstream", f"SGLang {version} already ships publish/stash")
+    supported = " and ".join(SUPPORTED_VERSIONS)
+    return Verdict(version, "unsupported", f"SGLang {version} is not {supported}")
+
+
+def gate(series: Iterable[Backport], version: str | None = None) -> Verdict:
+    """Decide, without touching anything, whether the series can be applied."""
+    series = list(series)
+    version = version or sglang_version()
+    early = version_verdict(version)
+    if early is not None:
+        return early
+    # Values a series adds to a module (imports) count as present for later targets.
+    pending: dict[str, dict[str, Any]] = {}
+    for bp in series:
+        for t in bp.targets:
+            if "." not in t.name:
+                pending.setdefault(t.owner, {})[t.name] = t.replacement
+    checks = {bp.id: [_check_target(t, pending) for t in bp.targets] for bp in series}
+    flat = [c for cs in checks.values() for c in cs]
+    states = {c.state for c in flat}
+    if states == {"applied"}:
+        return Verdict(version, "applied", "already applied in this process", checks)
+    if states == {"in-source"}:
+        return Verdict(version, "upstream", "the source already carries this back-port (patches/ applied)", checks)
+    bad = [c for c in flat if c.state not in ("ready",)]
+    if bad:
+        first = bad[0]
+        why = f"{first.target.path} is {first.state}" + (f" ({first.detail})" if first.detail else "")
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        return Verdict(version, "mismatch", f"{why}{more}", checks)
+    return Verdict(version, "patch", "every target matches its pristine fingerprint", checks)
+
+
+# ----------------------------------------------------------------------------- install / revert
+
+
+@dataclass
+class _Installed:
+    owner: Any
+    attr: str
+    had: bool
+    original: Any
+    new: Any
+    path: str
+
+
+@dataclass
+class _State:
+    applied: list[_Installed] = field(default_factory=list)
+    backports: list[str] = field(default_factory=list)
+    version: str = ""
+
+
+_STATE = _State()
+
+
+def _func_of(raw: Any) -> Any:
+    return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+
+
+def _build(target: Target, module: types.ModuleType, original: Any, backport_id: str) -> Any:
+    repl = target.replacement
+    attr_name = target.name.rsplit(".", 1)[-1]
+    if target.kind == "value":
+        return repl
+    if not isinstance(repl, types.FunctionType):
+        raise PatchError(f"{target.path}: replacement must be a plain function")
+    if repl.__code__.co_freevars:
+        raise PatchError(f"{target.path}: replacement must not be a closure")
+    if target.kind == "splice":
+        new = types.FunctionType(repl.__code__, vars(module), attr_name, repl.__defaults__)
+        new.__kwdefaults__ = repl.__kwdefaults__
+        new.__module__ = module.__name__
+    else:
+        kwdefaults = dict(repl.__kwdefaults__ or {})
+        if target.original_arg:
+            kwdefaults[target.original_arg] = _func_of(original)
+        new = types.FunctionType(repl.__code__, repl.__globals__, attr_name, repl.__defaults__)
+        new.__kwdefaults__ = kwdefaults or None
+        new.__module__ = repl.__module__
+    new.__doc__ = repl.__doc__
+    new.__annotations__ = dict(repl.__annotations__)
+    new.__qualname__ = target.name
+    setattr(new, MARK, backport_id)
+    if original is not None:
+        new.__wrapped__ = _func_of(original)
+    if isinstance(original, staticmethod):
+        return staticmethod(new)
+    if isinstance(original, classmethod):
+        return classmethod(new)
+    return new
+
+
+def _aliases(original: Any) -> Iterator[tuple[types.ModuleType, str]]:
+    """Module-level ``from X import Y`` copies of an object, as SGLang's own hooks rebind them."""
+    for mod in list(sys.modules.values()):
+        d = getattr(mod, "__dict__", None)
+        if not isinstance(d, dict):
+            continue
+        for k, v in list(d.items()):
+            if v is original:
+                yield mod, k
+
+
+def _install(target: Target, backport_id: str) -> list[_Installed]:
+    owner, attr, module = _resolve_owner(target)
+    had = attr in owner.__dict__
+    original = owner.__dict__[attr] if had else None
+    new = _build(target, module, original, backport_id)
+    done = [_Installed(owner, attr, had, original, new, target.path)]
+    setattr(owner, attr, new)
+    if isinstance(owner, types.ModuleType) and isinstance(original, types.FunctionType):
+        for mod, name in _aliases(original):
+            if mod is owner and name == attr:
+                continue
+            done.append(_Installed(mod, name, True, original, new, f"{mod.__name__}:{name} (alias)"))
+            setattr(mod, name, new)
+    return done
+
+
+def _undo(items: list[_Installed]) -> list[str]:
+    problems = []
+    for it in reversed(items):
+        current = it.owner.__dict__.get(it.attr)
+        if current is not it.new:
+            problems.append(f"{it.path} was changed by someone else; left as is")
+            continue
+        if it.had:
+            setattr(it.owner, it.attr, it.original)
+        else:
+            delattr(it.owner, it.attr)
+    return problems
+
+
+def install(series: Iterable[Backport], verdict: Verdict) -> list[str]:
+    """Install every target of every back-port, or none. Returns the applied ids."""
+    if verdict.decision == "applied":
+        return list(_STATE.backports)
+    if verdict.decision != "patch":
+        raise PatchError(verdict.reason)
+    series = list(series)
+    installed: list[_Installed] = []
+    try:
+        for bp in series:
+            for t in bp.targets:
+                installed.extend(_install(t, bp.id))
+    except Exception as exc:
+        _undo(installed)
+        raise PatchError(f"installing failed, rolled back: {type(exc).__name__}: {exc}") from exc
+    _STATE.applied = installed
+    _STATE.backports = [bp.id for bp in series]
+    _STATE.version = verdict.sglang_version
+    return list(_STATE.backports)
+
+
+def uninstall() -> list[str]:
+    """Restore the exact original objects. A second call is a no-op."""
+    problems = _undo(_STATE.applied)
+    for p in problems:
+        logger.warning("sglang_futuremap_patch: revert: %s", p)
+    _STATE.applied = []
+    _STATE.backports = []
+    return problems
+
+
+def applied_backports() -> list[str]:
+    return list(_STATE.backports)
+
+
+def installed_paths() -> list[str]:
+    return [it.path for it in _STATE.applied]
+
+
+# ----------------------------------------------------------------------------- startup line
+
+
+def announce(level: int, message: str) -> None:
+    """Log one startup line even before SGLang has configured logging.
+
+    In a scheduler subprocess SGLang loads plugins before it sets up logging, so an INFO
+    record would be dropped; the line then goes straight to stderr in SGLang's format.
+    """
+    if logger.isEnabledFor(level) and logger.hasHandlers():
+        logger.log(level, message)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+    handler.handle(logger.makeRecord(logger.name, level, __file__, 0, message, (), None))
+

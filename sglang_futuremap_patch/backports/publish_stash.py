@@ -1,0 +1,391 @@
+"""Back-port 2/3: relay spec-v2 state through a request-pool-indexed FutureMap (publish/stash).
+
+Upstream: sgl-project/sglang#25879 and #25962 (publish/stash, lazy device-agnostic event),
+#25862 (index the relay by request-pool slot), #26020 (no sentinel: the schedule batch keeps
+a valid ``seq_lens`` mirror), #30435 (keep the forward fence when the PD-decode bootstrap
+publishes). Applies to: SGLang 0.5.12 and 0.5.12.post1. Delete when users are on 0.5.13+.
+
+Why: 0.5.12.x hands the next iteration a ``seq_lens`` tensor still being produced by the
+forward stream, so every reader must first wait on ``verify_done``. Here the forward writes
+its results into the FutureMap instead: ``publish`` the new lengths (the schedule stream
+consumes them, fenced by the ``publish_ready`` event) and ``stash`` the forward-only draft
+state (topk, bonus tokens, hidden states; read back on the same forward stream, so stream
+order is the fence). Between iterations the schedule batch keeps the lengths it launched
+with; ``resolve_seq_lens_cpu`` refreshes them right before the next forward.
+
+How: the FutureMap keeps its 0.5.12 ring for non-speculative token ids (that path has no
+host sync to remove, so it stays untouched) and gains a relay indexed by ``req_pool_idx``
+for speculative decoding. Slot 0 of the request pool is never handed to a request, so padded
+rows read harmless values. ``Scheduler.run_batch`` routes spec-v2 overlap batches through
+``forward_spec_v2_overlap``; every other batch takes the stock path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+
+import torch
+
+from sglang.srt.managers.overlap_utils import FutureIndices
+from sglang.srt.speculative.spec_utils import spec_need_hidden_states
+
+from sglang_futuremap_patch._engine import ABSENT, Backport, Target
+
+logger = logging.getLogger("sglang_futuremap_patch")
+
+
+# --------------------------------------------------------------------------- FutureMap
+
+
+def init_spec_relay(self, req_to_token_pool, forward_stream):
+    """Index the speculative relay by request-pool slot (the scheduler calls this once)."""
+    self.req_pool_size = req_to_token_pool.req_to_token.shape[0]
+    self.forward_stream = forward_stream
+    self.new_seq_lens_buf = torch.zeros(
+        (self.req_pool_size,), dtype=torch.int64, device=self.device
+    )
+    # Created on first publish, on whatever device this map lives on.
+    self.publish_ready = None
+    # Lets the scheduler tell whether a worker published during its forward.
+    self.publish_count = 0
+    self.buf_initialized = False
+
+
+def _init_stash_bufs(self, draft_input):
+    # Shapes and dtypes come from the first payload, as the workers define them.
+    def like(t):
+        return torch.zeros(
+            (self.req_pool_size, *t.shape[1:]), dtype=t.dtype, device=self.device
+        )
+
+    self.topk_p_buf = like(draft_input.topk_p)
+    self.topk_index_buf = like(draft_input.topk_index)
+    self.bonus_tokens_buf = like(draft_input.bonus_tokens)
+    if spec_need_hidden_states():
+        self.hidden_states_buf = like(draft_input.hidden_states)
+    self.buf_initialized = True
+
+
+def publish(self, indices, new_seq_lens):
+    """Forward stream: make the new sequence lengths visible to the schedule stream."""
+    self.publish_count += 1
+    if indices.shape[0] == 0:
+        return  # idle DP rank
+    self.new_seq_lens_buf[indices] = new_seq_lens.to(self.new_seq_lens_buf.dtype)
+    if self.publish_ready is None:
+        self.publish_ready = torch.get_device_module(self.device).Event()
+    self.publish_ready.record()
+
+
+def stash(self, indices, draft_input):
+    """Forward stream: keep the draft state that only the next forward reads."""
+    if indices.shape[0] == 0:
+        return  # idle DP rank: the payload is an empty stub
+    if not self.buf_initialized:
+        self._init_stash_bufs(draft_input)
+    self.topk_p_buf[indices] = draft_input.topk_p.to(self.topk_p_buf.dtype)
+    self.topk_index_buf[indices] = draft_input.topk_index.to(self.topk_index_buf.dtype)
+    self.bonus_tokens_buf[indices] = draft_input.bonus_tokens.to(
+        self.bonus_tokens_buf.dtype
+    )
+    if spec_need_hidden_states():
+        self.hidden_states_buf[indices] = draft_input.hidden_states.to(
+            self.hidden_states_buf.dtype
+        )
+
+
+def resolve_future(self, model_worker_batch):
+    """Forward stream: fill the worker batch from what the previous forward relayed."""
+    if self.spec_algo.is_none():
+        _resolve_future_token_ids(model_worker_batch.input_ids, self.token_ids_buf)
+        return
+    draft_input = model_worker_batch.spec_info
+    if draft_input is None:
+        return  # prefill: nothing relayed yet
+    # The index tensor stays referenced by the worker batch that the scheduler pins
+    # for two iterations, so the allocator cannot recycle it under this forward.
+    indices = draft_input.future_indices.indices
+    draft_input.topk_p = self.topk_p_buf[indices]
+    draft_input.topk_index = self.topk_index_buf[indices]
+    draft_input.bonus_tokens = self.bonus_tokens_buf[indices]
+    if spec_need_hidden_states():
+        draft_input.hidden_states = self.hidden_states_buf[indices]
+
+
+def resolve_seq_lens_cpu(self, batch):
+    """Schedule stream: refresh ``seq_lens``, its host mirror and sum from the last publish.
+
+    The stream waits on ``publish_ready`` instead of the host; the ``.cpu()`` below is the
+    one host wait left per iteration, and it ends when verify ends, not the whole forward.
+    """
+    draft_input = batch.spec_info
+    future_indices = draft_input.future_indices if draft_input is not None else None
+    if future_indices is None:
+        return
+    if self.publish_ready is not None:
+        self.publish_ready.wait()
+    batch.seq_lens = self.new_seq_lens_buf[future_indices.indices]
+    batch.seq_lens_cpu = batch.seq_lens.cpu()
+    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+
+
+def seed_prebuilt(self, indices, seq_lens, draft_input):
+    """Relay requests whose prefill ran on a PD-prefill instance (decode bootstrap).
+
+    Called on the schedule stream while a forward may be in flight. The writes are queued
+    on the forward stream, behind that forward: it may still stash into a pool slot that
+    was freed and handed to one of these requests, and ``publish_ready`` recorded there
+    still fences what that forward publishes (one event has one capture point).
+    """
+    device_module = torch.get_device_module(self.device)
+    self.forward_stream.wait_stream(device_module.current_stream())
+    with device_module.stream(self.forward_stream):
+        for t in (indices, seq_lens, draft_input.topk_p, draft_input.topk_index,
+                  draft_input.bonus_tokens, draft_input.hidden_states):
+            if t is not None and t.is_cuda:
+                # Made on the schedule stream, read on the forward stream.
+                t.record_stream(self.forward_stream)
+        self.publish(indices, seq_lens)
+        self.stash(indices, draft_input)
+
+
+# --------------------------------------------------------------------------- Scheduler
+
+
+def init_overlap(self):
+    self.device_module = torch.get_device_module(self.device)
+
+    if use_mlx():
+        # MLX overlap scheduling uses mx.async_eval / mx.eval for
+        # synchronisation so no CUDA/MPS streams or FutureMap needed.
+        self.future_map = None
+        # Empty result_queue is needed because idle-check references it
+        # when enable_overlap is True.
+        self.result_queue: Deque = deque()
+        return
+
+    self.forward_stream_ctx: CudaStreamContext = self.device_module.stream(
+        self.forward_stream
+    )
+    self.copy_stream: CudaStream = self.device_module.Stream()
+    self.copy_stream_ctx: CudaStreamContext = self.device_module.stream(
+        self.copy_stream
+    )
+
+    if not self.enable_overlap:
+        self.future_map = None
+        return
+
+    self.future_map = FutureMap(
+        self.max_running_requests,
+        self.chunked_prefill_size,
+        self.model_config.context_len,
+        self.device,
+        self.spec_algorithm,
+    )
+    if not self.spec_algorithm.is_none():
+        self.future_map.init_spec_relay(self.req_to_token_pool, self.forward_stream)
+    self.batch_record_buf = [None] * 2
+    self.batch_record_ct = 0
+
+
+def forward_spec_v2_overlap(self, batch):
+    """Run one spec-v2 batch on the forward stream, relaying its results via the FutureMap."""
+    # The only host wait on seq_lens per iteration: refresh them (and the host mirror)
+    # from the previous forward before the worker batch copies them.
+    self.future_map.resolve_seq_lens_cpu(batch)
+    model_worker_batch = batch.get_model_worker_batch()
+    self.record_batch_in_overlap(model_worker_batch)
+    # Sampling info is modified during the forward, so the worker gets a copy.
+    model_worker_batch.sampling_info = model_worker_batch.sampling_info.copy_for_forward()
+    # A plain tensor: FutureIndices objects are edited in place by filter_batch.
+    indices = batch.req_pool_indices
+    worker = self.model_worker
+    fwd_kwargs = {}
+    if getattr(worker, "accepts_on_publish", False):
+        fwd_kwargs["on_publish"] = partial(self.future_map.publish, indices)
+    publish_count = self.future_map.publish_count
+
+    with self.forward_stream_ctx:
+        self.forward_stream.wait_stream(self.schedule_stream)
+        self.future_map.resolve_future(model_worker_batch)
+        batch_result = worker.forward_batch_generation(model_worker_batch, **fwd_kwargs)
+        if self.future_map.publish_count == publish_count:
+            # A worker without on_publish (e.g. a plugin algorithm): publish after the
+            # forward, later than it could have been but never stale.
+            self.future_map.publish(indices, batch_result.next_draft_input.new_seq_lens)
+        batch_result.copy_done = self.device_module.Event()
+        self.future_map.stash(indices, batch_result.next_draft_input)
+        batch_result.copy_to_cpu(
+            return_logprob=batch.return_logprob,
+            return_hidden_states=batch.return_hidden_states,
+        )
+
+    # batch.seq_lens stays the launched value until resolve_seq_lens_cpu refreshes it.
+    batch.spec_info = batch_result.next_draft_input
+    batch.spec_info.future_indices = FutureIndices(indices=indices)
+    # Spec v2 never resolves output_ids; filter/merge still slice it like other batches.
+    batch.output_ids = -indices
+    return batch_result
+
+
+def run_batch(self, batch, pp_proxy_tensors=None, *, _stock_run_batch=None):
+    """Spec-v2 overlap batches go through publish/stash; everything else is stock."""
+    if (
+        not (self.is_generation and self.enable_overlap and batch.is_spec_v2)
+        or batch.forward_mode.is_prebuilt()
+    ):
+        return _stock_run_batch(self, batch, pp_proxy_tensors)
+
+    # The stock method's bookkeeping around the forward, unchanged.
+    self.forward_ct += 1
+    batch.forward_iter = self.forward_ct
+    self._profile_batch_predicate(batch)
+    if self.forward_sleep_time is not None:
+        logger.info(f"Scheduler.run_batch sleep {self.forward_sleep_time}s")
+        time.sleep(self.forward_sleep_time)
+
+    batch_result = self.forward_spec_v2_overlap(batch)
+
+    if batch.return_logprob:
+        batch_result.extend_input_len_per_req = [r.extend_input_len for r in batch.reqs]
+        batch_result.extend_logprob_start_len_per_req = [
+            r.extend_logprob_start_len for r in batch.reqs
+        ]
+    else:
+        batch_result.extend_input_len_per_req = None
+        batch_result.extend_logprob_start_len_per_req = None
+
+    if (
+        self.server_args.enable_dp_attention
+        and self.server_args.elastic_ep_backend is not None
+    ):
+        from sglang.srt.managers.io_struct import ActiveRanksOutput
+
+        tp_active_ranks = self.tp_group.active_ranks.detach().cpu().numpy()
+        tp_active_ranks &= self.tp_group.active_ranks_cpu.detach().numpy()
+        dp_active_ranks = tp_active_ranks.reshape(self.dp_size, -1).prod(axis=1)
+        self.send_to_tokenizer.send_output(
+            ActiveRanksOutput(status=dp_active_ranks.tolist())
+        )
+    return batch_result
+
+
+# --------------------------------------------------------------------------- PD decode
+
+
+def process_prebuilt(
+    self: ScheduleBatch,
+    server_args: ServerArgs,
+    future_map: FutureMap,
+):
+    """Assign the buffered last input id to schedule batch"""
+    self.output_ids = []
+    for req in self.reqs:
+        self.output_ids.append(req.output_ids[-1])
+        maybe_cache_unfinished_req(req, self.tree_cache)
+        if req.grammar is not None:
+            # FIXME: this try-except block is for handling unexpected xgrammar issue.
+            try:
+                # if it is not None, then the grammar is from a retracted request, and we should not
+                # accept the token as it's already accepted
+                if req.grammar.current_token is None:
+                    req.grammar.accept_token(req.output_ids[-1])
+            except ValueError as e:
+                from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+                # Grammar accept_token can raise ValueError if the token is not in the grammar.
+                # This can happen if the grammar is not set correctly or the token is invalid.
+                # Use to_finish (not finished_reason) so that process_batch_result_prebuilt
+                # handles the release via check_finished -> release_kv_cache in one place.
+                error_message = f"Grammar accept_token failed for req {req.rid} with token {req.output_ids[-1]}: {e}"
+                req.to_finish = FINISH_ABORT(
+                    error_message, HTTPStatus.INTERNAL_SERVER_ERROR
+                )
+            req.grammar.finished = req.finished()
+    self.output_ids = torch.tensor(self.output_ids, device=self.device)
+
+    # Simulate the eagle run.
+    if self.spec_algorithm.is_eagle():
+        num_states = server_args.speculative_eagle_topk
+        if server_args.enable_multi_layer_eagle:
+            num_states *= server_args.speculative_num_steps
+        topk_p = torch.stack(
+            [
+                torch.as_tensor(
+                    req.output_topk_p[:num_states],
+                    device=self.device,
+                    dtype=torch.float32,
+                )
+                for req in self.reqs
+            ],
+            dim=0,
+        )
+        topk_index = torch.stack(
+            [
+                torch.as_tensor(
+                    req.output_topk_index[:num_states],
+                    device=self.device,
+                    dtype=torch.int64,
+                )
+                for req in self.reqs
+            ],
+            dim=0,
+        )
+
+        hidden_states_list = [req.hidden_states_tensor for req in self.reqs]
+        hidden_states = torch.stack(hidden_states_list, dim=0).to(self.device)
+
+        # local import to avoid circular import
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        spec_info = EagleDraftInput(
+            topk_p=topk_p,
+            topk_index=topk_index,
+            hidden_states=hidden_states,
+            bonus_tokens=self.output_ids,
+            new_seq_lens=self.seq_lens,
+        )
+        spec_info.prepare_for_extend(self)
+        spec_info.capture_hidden_mode = CaptureHiddenMode.LAST
+        if self.enable_overlap:
+            spec_info.future_indices = FutureIndices(indices=self.req_pool_indices)
+            future_map.seed_prebuilt(self.req_pool_indices, self.seq_lens, spec_info)
+        self.spec_info = spec_info
+
+
+_OVERLAP = "sglang.srt.managers.overlap_utils"
+_SCHEDULER = "sglang.srt.managers.scheduler"
+_DISAGG = "sglang.srt.disaggregation.decode_schedule_batch_mixin"
+
+BACKPORT = Backport(
+    id="publish-stash",
+    title="[Spec] Relay spec-v2 state through a pool-indexed FutureMap (publish/stash)",
+    upstream_prs=(25879, 25962, 25862, 26020, 30435),
+    patch_file="0002-Spec-Relay-spec-v2-state-through-a-pool-indexed-FutureMap.patch",
+    summary="FutureMap.publish/stash/resolve_seq_lens_cpu; run_batch passes on_publish",
+    targets=(
+        Target(_OVERLAP, "FutureMap.init_spec_relay", init_spec_relay, expected=ABSENT),
+        Target(_OVERLAP, "FutureMap._init_stash_bufs", _init_stash_bufs, expected=ABSENT),
+        Target(_OVERLAP, "FutureMap.publish", publish, expected=ABSENT),
+        Target(_OVERLAP, "FutureMap.stash", stash, expected=ABSENT),
+        Target(_OVERLAP, "FutureMap.resolve_future", resolve_future, expected="3e4bd462416073b5"),
+        Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", resolve_seq_lens_cpu, expected=ABSENT),
+        Target(_OVERLAP, "FutureMap.seed_prebuilt", seed_prebuilt, expected=ABSENT),
+        Target(_SCHEDULER, "partial", partial, expected=ABSENT, kind="value",
+               import_line="from functools import partial"),
+        Target(_SCHEDULER, "FutureIndices", FutureIndices, expected=ABSENT, kind="value",
+               import_line="from sglang.srt.managers.overlap_utils import FutureIndices"),
+        Target(_SCHEDULER, "Scheduler.init_overlap", init_overlap, expected="c25a40e1c97e30dd"),
+        Target(_SCHEDULER, "Scheduler.forward_spec_v2_overlap", forward_spec_v2_overlap,
+               expected=ABSENT),
+        Target(_SCHEDULER, "Scheduler.run_batch", run_batch, expected="f59f546c056e9dc1",
+               kind="wrap", original_arg="_stock_run_batch"),
+        Target(_DISAGG, "FutureIndices", FutureIndices, expected=ABSENT, kind="value",
+               import_line="from sglang.srt.managers.overlap_utils import FutureIndices"),
+        Target(_DISAGG, "ScheduleBatchDisaggregationDecodeMixin.process_prebuilt",
+               process_prebuilt, expected="be7183ba3720c9eb"),
+    ),
+)
