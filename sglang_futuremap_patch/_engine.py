@@ -102,8 +102,8 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
 
 def normalized_source(obj: Any) -> str:
     """Source of a function as an AST dump: comments, docstrings and layout do not count."""
-    func = inspect.unwrap(obj) if callable(obj) else obj
-    src = textwrap.dedent(inspect.getsource(func))
+    # From the code object: getsource(function) would follow __wrapped__ to the original.
+    src = textwrap.dedent(inspect.getsource(obj.__code__))
     tree = _strip_docstrings(ast.parse(src))
     for node in tree.body:  # the plugin names its copies apart (eagle_verify, ...)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -251,7 +251,9 @@ def gate(series: Iterable[Backport], version: str | None = None) -> Verdict:
     states = {c.state for c in flat}
     if states == {"applied"}:
         return Verdict(version, "applied", "already applied in this process", checks)
-    if states == {"in-source"}:
+    # A tree with patches/ applied: every spliced target already is our source. (A wrap
+    # target has no source twin: the patch series edits that function in place instead.)
+    if {c.state for c in flat if c.target.kind != "wrap"} == {"in-source"}:
         return Verdict(version, "upstream", "the source already carries this back-port (patches/ applied)", checks)
     bad = [c for c in flat if c.state not in ("ready",)]
     if bad:

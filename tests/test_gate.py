@@ -1,0 +1,154 @@
+"""The gate: only pristine 0.5.12.x is patched; anything else is left untouched, loudly."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import sglang_futuremap_patch as plugin
+from sglang_futuremap_patch import PatchError, _engine
+from sglang_futuremap_patch._api import read_mode
+
+from conftest import resolve
+
+
+def _snapshot(series):
+    out = {}
+    for bp in series:
+        for t in bp.targets:
+            owner, attr = resolve(t.path)
+            out[t.path] = (owner, attr, owner.__dict__.get(attr, _engine.ABSENT))
+    return out
+
+
+def _assert_untouched(before):
+    for path, (owner, attr, original) in before.items():
+        assert owner.__dict__.get(attr, _engine.ABSENT) is original, path
+    assert _engine.applied_backports() == []
+
+
+def test_pristine_0512post1_is_patched(clean_state):
+    report = plugin.apply(mode="strict")
+    assert report.verdict.decision == "patch"
+    assert report.applied == ["worker-on-publish", "publish-stash", "drop-verify-done"]
+
+
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.12.post1"])
+def test_both_supported_versions_pass_the_gate(clean_state, version):
+    assert _engine.gate(clean_state, version).decision == "patch"
+
+
+def test_upstream_release_is_left_alone_with_one_info_line(clean_state, caplog):
+    before = _snapshot(clean_state)
+    with caplog.at_level(logging.INFO, logger="sglang_futuremap_patch"):
+        report = plugin.apply(mode="strict", version="0.5.13")
+    assert report.verdict.decision == "upstream" and not report.patched
+    lines = [r for r in caplog.records if r.name == "sglang_futuremap_patch"]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO
+    assert "0.5.13 already ships publish/stash" in lines[0].getMessage()
+    _assert_untouched(before)
+
+
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12.post2", "0.5.12rc1"])
+def test_other_versions_warn_once_and_change_nothing(clean_state, caplog, version):
+    before = _snapshot(clean_state)
+    with caplog.at_level(logging.INFO, logger="sglang_futuremap_patch"):
+        report = plugin.apply(mode="safe", version=version)
+    assert report.verdict.decision == "unsupported"
+    lines = [r for r in caplog.records if r.name == "sglang_futuremap_patch"]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert version in lines[0].getMessage() and "left untouched" in lines[0].getMessage()
+    _assert_untouched(before)
+
+
+def test_strict_mode_raises_on_unsupported_version(clean_state):
+    with pytest.raises(PatchError, match="0.5.11"):
+        plugin.apply(mode="strict", version="0.5.11")
+    assert _engine.applied_backports() == []
+
+
+def test_edited_source_is_detected_and_nothing_is_patched(clean_state, caplog, monkeypatch):
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    def filter_batch(self, *args, **kwargs):  # a local edit of the stock method
+        return None
+
+    monkeypatch.setattr(ScheduleBatch, "filter_batch", filter_batch)
+    before = _snapshot(clean_state)
+    with caplog.at_level(logging.WARNING, logger="sglang_futuremap_patch"):
+        report = plugin.apply(mode="safe")
+    assert report.verdict.decision == "mismatch"
+    message = caplog.records[-1].getMessage()
+    assert "ScheduleBatch.filter_batch is mismatch" in message
+    _assert_untouched(before)  # all or nothing: the 23 other targets were not touched either
+    with pytest.raises(PatchError, match="filter_batch"):
+        plugin.apply(mode="strict")
+
+
+def test_a_name_that_already_exists_is_a_mismatch(clean_state, monkeypatch):
+    from sglang.srt.managers.overlap_utils import FutureMap
+
+    monkeypatch.setattr(FutureMap, "publish", lambda self, *a: None, raising=False)
+    verdict = _engine.gate(clean_state)
+    assert verdict.decision == "mismatch"
+    assert "FutureMap.publish is mismatch (already defined)" in verdict.reason
+
+
+def test_fingerprint_ignores_comments_and_layout_but_not_code():
+    def a(x):
+        # a comment
+        return x + 1
+
+    def b(x):
+        return (x +
+                1)
+
+    def c(x):
+        return x + 2
+
+    assert _engine.fingerprint(a) == _engine.fingerprint(b) != _engine.fingerprint(c)
+
+
+def test_replacement_reading_a_name_missing_in_the_target_module_fails_the_gate(clean_state):
+    def uses_unknown(self):
+        return definitely_not_in_sglang  # noqa: F821
+
+    target = _engine.Target("sglang.srt.managers.overlap_utils", "FutureMap.extra", uses_unknown,
+                            expected=_engine.ABSENT)
+    bp = _engine.Backport("x", "x", (1,), "x.patch", (target,))
+    verdict = _engine.gate([bp])
+    assert verdict.decision == "mismatch" and "definitely_not_in_sglang" in verdict.reason
+
+
+@pytest.mark.parametrize("raw,mode", [("off", "off"), ("SAFE", "safe"), (" strict ", "strict"), ("", "safe")])
+def test_mode_values(raw, mode):
+    assert read_mode({"SGLANG_FUTUREMAP_PATCH": raw}) == mode
+
+
+@pytest.mark.parametrize("raw", ["on", "1", "true", "stricter"])
+def test_bad_mode_values_are_a_clear_error(raw):
+    with pytest.raises(ValueError, match=r"is not one of off, safe, strict"):
+        read_mode({"SGLANG_FUTUREMAP_PATCH": raw})
+
+
+def test_off_mode_changes_nothing_and_says_so(clean_state, caplog):
+    before = _snapshot(clean_state)
+    with caplog.at_level(logging.INFO, logger="sglang_futuremap_patch"):
+        report = plugin.apply(mode="off")
+    assert report.verdict.decision == "off"
+    assert "disabled by SGLANG_FUTUREMAP_PATCH=off" in caplog.records[-1].getMessage()
+    _assert_untouched(before)
+
+
+def test_patched_source_tree_is_recognised_as_already_carrying_the_change(clean_state):
+    """A tree with patches/ applied: every target already is the replacement, as source."""
+    plugin.apply(mode="strict")
+    saved = (_engine._STATE.applied, _engine._STATE.backports)
+    _engine._STATE.applied, _engine._STATE.backports = [], []  # the engine forgets, objects stay
+    try:
+        verdict = _engine.gate(clean_state)
+    finally:
+        _engine._STATE.applied, _engine._STATE.backports = saved
+    assert verdict.decision == "upstream", verdict.reason
+    assert "already carries this back-port" in verdict.reason
