@@ -1,0 +1,122 @@
+"""apply / revert permutations: exact originals come back, nothing is applied twice."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import sglang_futuremap_patch as plugin
+from sglang_futuremap_patch import _engine
+
+from conftest import ROOT, resolve, subprocess_env
+
+
+def _originals(series):
+    return {
+        t.path: resolve(t.path)[0].__dict__.get(resolve(t.path)[1], _engine.ABSENT)
+        for bp in series for t in bp.targets
+    }
+
+
+_current = _originals
+
+
+def test_apply_twice_is_a_noop(clean_state):
+    first = plugin.apply(mode="strict")
+    objects = _current(clean_state)
+    second = plugin.apply(mode="strict")
+    assert second.verdict.decision == "applied"
+    assert second.applied == first.applied
+    assert _current(clean_state) == objects  # same objects, not re-wrapped
+
+
+def test_revert_restores_the_exact_objects(clean_state):
+    pristine = _originals(clean_state)
+    plugin.apply(mode="strict")
+    changed = _current(clean_state)
+    assert all(changed[p] is not pristine[p] for p in pristine)
+    assert plugin.revert() == ["worker-on-publish", "publish-stash", "drop-verify-done"]
+    after = _current(clean_state)
+    for path, original in pristine.items():
+        assert after[path] is original, path
+
+
+def test_revert_twice_and_apply_after_revert(clean_state):
+    pristine = _originals(clean_state)
+    plugin.apply(mode="strict")
+    plugin.revert()
+    assert plugin.revert() == []
+    assert _current(clean_state) == pristine
+    report = plugin.apply(mode="strict")
+    assert report.verdict.decision == "patch" and len(report.applied) == 3
+
+
+def test_replacements_are_marked_and_keep_the_original(clean_state):
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    stock = ScheduleBatch.__dict__["filter_batch"]
+    plugin.apply(mode="strict")
+    patched = ScheduleBatch.__dict__["filter_batch"]
+    assert getattr(patched, _engine.MARK) == "drop-verify-done"
+    assert patched.__wrapped__ is stock
+    assert patched.__module__ == "sglang.srt.managers.schedule_batch"
+    # spliced: runs with the SGLang module's globals, as the patched source would
+    import sglang.srt.managers.schedule_batch as sb
+    assert patched.__globals__ is vars(sb)
+
+
+def test_a_failure_while_installing_rolls_everything_back(clean_state, monkeypatch):
+    pristine = _originals(clean_state)
+    real_install = _engine._install
+    calls = []
+
+    def failing_install(target, backport_id):
+        calls.append(target.path)
+        if len(calls) == 10:
+            raise RuntimeError("boom")
+        return real_install(target, backport_id)
+
+    monkeypatch.setattr(_engine, "_install", failing_install)
+    report = plugin.apply(mode="safe")
+    assert report.verdict.decision == "failed" and "boom" in report.verdict.reason
+    assert _current(clean_state) == pristine
+    assert _engine.applied_backports() == []
+
+
+def test_revert_leaves_a_target_someone_else_replaced_and_warns(clean_state, caplog):
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    stock = ScheduleBatch.__dict__["maybe_wait_verify_done"]
+    plugin.apply(mode="strict")
+
+    def theirs(self):
+        return "theirs"
+
+    ScheduleBatch.maybe_wait_verify_done = theirs
+    try:
+        plugin.revert()
+        assert ScheduleBatch.__dict__["maybe_wait_verify_done"] is theirs
+        assert "changed by someone else" in caplog.text
+        assert not hasattr(ScheduleBatch.__dict__["filter_batch"], _engine.MARK)
+    finally:
+        ScheduleBatch.maybe_wait_verify_done = stock
+
+
+@pytest.mark.parametrize("import_sglang_first", [True, False])
+def test_apply_before_or_after_sglang_is_imported(import_sglang_first):
+    code = (
+        ("import sglang.srt.managers.scheduler\n" if import_sglang_first else "")
+        + "import sglang_futuremap_patch as p\n"
+        "r = p.apply(mode='strict')\n"
+        "from sglang.srt.managers.overlap_utils import FutureMap\n"
+        "from sglang.srt.managers.scheduler import Scheduler\n"
+        "assert r.applied and hasattr(FutureMap, 'publish')\n"
+        "assert Scheduler.run_batch.__sglang_futuremap_patch__ == 'publish-stash'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")
