@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# GPU smoke test, as one command: install the plugin, self-test the harness on CPU, build the
+# tiny models, then compare stock SGLang with the patched one (scripts/gpu_smoke.py).
+#
+#   bash scripts/gpu/run_smoke.sh            # results under ${OUT:-./gpu-out}
+#
+# Environment knobs:
+#   OUT                 result folder (default ./gpu-out); gets at most 5 files:
+#                       setup.log, stock.log, patched.log, smoke.json, summary.txt
+#   SMOKE_SITE          pip --target for the plugin when .gpu/activate.sh is used (default /tmp/site312)
+#   SMOKE_SKIP_INSTALL  1: do not pip-install the plugin (it is installed already)
+#   SMOKE_MODELS        where to write the tiny models (default: a fresh temporary folder)
+#   SMOKE_ARGS          extra arguments for gpu_smoke.py, e.g. "--no-cuda-graph"
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+OUT="${OUT:-./gpu-out}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+cd "$ROOT" || exit 2
+SETUP="$OUT/setup.log"
+: > "$SETUP"
+
+if [ -f .gpu/activate.sh ]; then
+    # shellcheck disable=SC1091
+    source .gpu/activate.sh
+    PIP_TARGET_ARGS=(--no-build-isolation --upgrade --target "${SMOKE_SITE:-/tmp/site312}")
+else
+    PIP_TARGET_ARGS=()
+fi
+
+{
+    echo "== python: $(python3 -V 2>&1)"
+    if [ "${SMOKE_SKIP_INSTALL:-0}" != "1" ]; then
+        echo "== pip install the plugin ${PIP_TARGET_ARGS[*]}"
+        python3 -m pip install -q --no-deps "${PIP_TARGET_ARGS[@]}" . || echo "pip install FAILED"
+    fi
+    python3 -c "from importlib.metadata import entry_points as e; print('entry points:', e(group='sglang.srt.plugins'))"
+    python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+} >> "$SETUP" 2>&1
+
+echo "== harness self-test (CPU)" >> "$SETUP"
+python3 scripts/gpu_smoke_selftest.py >> "$SETUP" 2>&1
+SELFTEST_RC=$?
+echo "self-test rc $SELFTEST_RC" >> "$SETUP"
+
+if [ -n "${SMOKE_MODELS:-}" ]; then
+    MODELS="$SMOKE_MODELS"
+else
+    MODELS="$(mktemp -d -t smoke-models-XXXXXX)"
+    trap 'rm -rf "$MODELS"' EXIT
+fi
+echo "== tiny models -> $MODELS" >> "$SETUP"
+python3 scripts/make_tiny_models.py --out "$MODELS" >> "$SETUP" 2>&1 || { echo "model factory FAILED" | tee -a "$SETUP"; exit 2; }
+
+# shellcheck disable=SC2086
+python3 scripts/gpu_smoke.py --models "$MODELS" --log-dir "$OUT" --out-json "$OUT/smoke.json" ${SMOKE_ARGS:-} \
+    2>&1 | tee "$OUT/summary.txt"
+SMOKE_RC=${PIPESTATUS[0]}
+
+echo "self-test rc $SELFTEST_RC, smoke rc $SMOKE_RC" | tee -a "$OUT/summary.txt"
+if [ "$SMOKE_RC" -ne 0 ]; then exit "$SMOKE_RC"; fi
+exit "$SELFTEST_RC"

@@ -1,0 +1,603 @@
+#!/usr/bin/env python3
+"""GPU smoke test: stock SGLang vs. sglang_futuremap_patch, token for token.
+
+Runs one fixed greedy workload on ``sglang.Engine`` (STANDALONE speculative decoding,
+spec v2, triton attention) twice, each in a fresh Python subprocess so no plugin state
+leaks between them:
+
+* ``stock``   -- ``SGLANG_FUTUREMAP_PATCH=off`` (plugin installed but disabled);
+* ``patched`` -- ``SGLANG_FUTUREMAP_PATCH=strict`` (plugin on, raise on any problem).
+
+Exit code 0 only when all of these hold:
+
+1. both runs finished and every output has exactly ``max_new_tokens`` tokens;
+2. the outputs are identical token for token;
+3. the outputs are not trivially cyclic (most outputs must have a tail period > 2);
+4. the patched log has ``sglang_futuremap_patch: applied`` from the main process and from
+   every scheduler process; the stock log has ``sglang_futuremap_patch: disabled``;
+5. neither log has a ``sglang_futuremap_patch`` line at WARNING/ERROR level, a failed plugin
+   load, or a traceback through the plugin's code;
+6. ``maybe_wait_verify_done`` (any function of that name) is called in the stock
+   scheduler process and never in any process of the patched run. Counted by the probe in
+   ``scripts/gpu_probe/`` (a ``sitecustomize`` put on ``PYTHONPATH`` of the subprocesses).
+
+Model directories come from ``--models DIR`` (holding ``target/`` and ``draft/`` as written
+by ``make_tiny_models.py``), from ``--target``/``--draft``, or are generated into a
+temporary directory when none is given.
+
+The plugin must be installed (entry point ``sglang.srt.plugins``) in the Python that runs
+this script; SGLang finds it there in every process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+HERE = Path(__file__).resolve().parent
+PROBE_DIR = HERE / "gpu_probe"
+PLUGIN = "sglang_futuremap_patch"
+PROBE_FUNC = "maybe_wait_verify_done"
+ENV_MODE = "SGLANG_FUTUREMAP_PATCH"
+RUNS: tuple[tuple[str, str], ...] = (("stock", "off"), ("patched", "strict"))
+LOG_FORMAT = "[%(asctime)s %(levelname)s pid=%(process)d] %(message)s"
+SCHEDULER_TITLE = "sglang::scheduler"
+
+# ----------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class Prompt:
+    input_ids: list[int]
+    max_new_tokens: int
+
+
+def make_workload(n: int = 16, vocab_size: int = 4096, seed: int = 20251122) -> list[Prompt]:
+    """``n`` prompts of varied lengths (4..~900 tokens) with max_new_tokens 16..128.
+
+    Token ids avoid 0..2 (pad/bos/eos of the tiny models)."""
+    rng = random.Random(seed)
+    lengths = [4, 7, 12, 20, 33, 50, 64, 90, 128, 170, 256, 333, 512, 600, 777, 900]
+    budgets = [16, 24, 32, 40, 48, 64, 80, 96, 112, 128]
+    out = []
+    for i in range(n):
+        length = lengths[i % len(lengths)] + rng.randrange(0, 5)
+        ids = [rng.randrange(3, vocab_size) for _ in range(length)]
+        out.append(Prompt(ids, budgets[(i * 7) % len(budgets)]))
+    return out
+
+
+# ----------------------------------------------------------------------------- pure analysis
+
+
+def tail_period(tokens: Sequence[int], max_period: int = 16, window: int = 32) -> int | None:
+    """Smallest p <= max_period with tokens[i] == tokens[i - p] over the last ``window``
+    tokens (or all of them when shorter); None when the tail is not periodic."""
+    n = len(tokens)
+    if n < 2:
+        return 1 if n == 1 else None
+    start = max(0, n - window)
+    for p in range(1, max_period + 1):
+        lo = max(start, p)
+        if lo >= n:
+            break
+        if all(tokens[i] == tokens[i - p] for i in range(lo, n)):
+            return p
+    return None
+
+
+@dataclass
+class PromptResult:
+    index: int
+    prompt_len: int
+    max_new_tokens: int
+    stock_len: int
+    patched_len: int
+    match: bool
+    first_mismatch: int | None
+    distinct_tokens: int
+    tail_period: int | None
+
+
+def compare_outputs(
+    prompts: Sequence[Prompt], stock: Sequence[Sequence[int]], patched: Sequence[Sequence[int]]
+) -> list[PromptResult]:
+    results = []
+    for i, p in enumerate(prompts):
+        a = list(stock[i]) if i < len(stock) else []
+        b = list(patched[i]) if i < len(patched) else []
+        first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if first is None and (len(a) != len(b) or i >= len(stock) or i >= len(patched)):
+            first = min(len(a), len(b))  # different lengths, or an output missing from a run
+        results.append(
+            PromptResult(
+                index=i,
+                prompt_len=len(p.input_ids),
+                max_new_tokens=p.max_new_tokens,
+                stock_len=len(a),
+                patched_len=len(b),
+                match=first is None,
+                first_mismatch=first,
+                distinct_tokens=len(set(a)),
+                tail_period=tail_period(a),
+            )
+        )
+    return results
+
+
+_LEVELED = re.compile(
+    r"^\[(?P<ts>[^\]]*?) (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) pid=(?P<pid>\d+)\] (?P<msg>.*)$"
+)
+_PID_IN_MSG = re.compile(r"\[pid (\d+)\]")
+_BAD_LEVELS = {"WARNING", "ERROR", "CRITICAL"}
+
+
+@dataclass
+class LogFindings:
+    applied_pids: list[int] = field(default_factory=list)
+    applied_lines: int = 0
+    disabled_lines: int = 0
+    bad_lines: list[str] = field(default_factory=list)
+    plugin_lines: list[str] = field(default_factory=list)
+
+
+def scan_log(text: str) -> LogFindings:
+    """Find the plugin's startup lines and anything that looks like a plugin problem.
+
+    Lines are expected in ``LOG_FORMAT`` (level and pid). Plugin lines without a level
+    (e.g. when the probe's log handler is off) are classified by their wording."""
+    f = LogFindings()
+    pids: set[int] = set()
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        m = _LEVELED.match(line)
+        level, msg = (m.group("level"), m.group("msg")) if m else (None, line)
+        if "Failed to execute general plugin" in line or "Failed to load plugin" in line:
+            f.bad_lines.append(line)
+            continue
+        if PLUGIN not in line:
+            continue
+        if re.search(r'File ".*' + PLUGIN + r'[/\\]', line) or re.search(PLUGIN + r'[/\\]\S*\.py:\d+: \w*Warning', line):
+            f.bad_lines.append(line)  # a traceback frame in, or a Python warning from, the plugin's code
+            continue
+        if level in _BAD_LEVELS:
+            f.bad_lines.append(line)  # any WARNING+ line that mentions the plugin
+            continue
+        if f"{PLUGIN}:" not in line:
+            continue  # e.g. "Available plugins" listings: the package name, not a message
+        f.plugin_lines.append(line)
+        body = msg[msg.find(f"{PLUGIN}:") :]
+        if level is None and re.search(r"WARNING|ERROR|CRITICAL|Traceback|skipped|failed|revert", body):
+            f.bad_lines.append(line)
+            continue
+        if body.startswith(f"{PLUGIN}: applied"):
+            f.applied_lines += 1
+            pm = _PID_IN_MSG.search(body)
+            if pm:
+                pids.add(int(pm.group(1)))
+            elif m:
+                pids.add(int(m.group("pid")))
+        elif body.startswith(f"{PLUGIN}: disabled"):
+            f.disabled_lines += 1
+    f.applied_pids = sorted(pids)
+    return f
+
+
+@dataclass
+class ProbeSummary:
+    processes: list[dict[str, Any]]
+    scheduler_pids: list[int]
+    scheduler_calls: int
+    total_calls: int
+    mechanisms: list[str]
+
+
+def summarize_probe(records: Iterable[dict[str, Any]]) -> ProbeSummary:
+    procs = []
+    for r in records:
+        procs.append(
+            {
+                "pid": r.get("pid"),
+                "proctitle": r.get("proctitle"),
+                "argv": r.get("argv"),
+                "calls": int(r.get("total", 0)),
+                "by_qualname": r.get("by_qualname", {}),
+                "mechanism": r.get("mechanism"),
+            }
+        )
+    procs.sort(key=lambda p: p["pid"] or 0)
+    sched = [p for p in procs if (p["proctitle"] or "").startswith(SCHEDULER_TITLE)]
+    return ProbeSummary(
+        processes=procs,
+        scheduler_pids=[p["pid"] for p in sched],
+        scheduler_calls=sum(p["calls"] for p in sched),
+        total_calls=sum(p["calls"] for p in procs),
+        mechanisms=sorted({str(p["mechanism"]) for p in procs}),
+    )
+
+
+def read_probe_dir(directory: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(directory.glob("probe-*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def evaluate(
+    prompts: Sequence[Prompt],
+    stock: dict[str, Any],
+    patched: dict[str, Any],
+    *,
+    max_cyclic_fraction: float = 0.5,
+) -> tuple[list[Check], list[PromptResult]]:
+    """All pass/fail decisions, from each run's dict: ``result`` (worker JSON or None),
+    ``returncode``, ``log`` (LogFindings) and ``probe`` (ProbeSummary)."""
+    checks: list[Check] = []
+    s_res, p_res = stock.get("result"), patched.get("result")
+    s_out = (s_res or {}).get("outputs", [])
+    p_out = (patched.get("result") or {}).get("outputs", [])
+    for name, run, res in (("stock", stock, s_res), ("patched", patched, p_res)):
+        ok = run.get("returncode") == 0 and res is not None and len(res.get("outputs", [])) == len(prompts)
+        checks.append(Check(f"{name} run finished", ok, f"returncode {run.get('returncode')}, "
+                            f"{len((res or {}).get('outputs', []))}/{len(prompts)} outputs"))
+        if res is not None:
+            short = [i for i, (p, o) in enumerate(zip(prompts, res.get("outputs", []))) if len(o) != p.max_new_tokens]
+            checks.append(Check(f"{name} output lengths", not short and ok,
+                                "all equal max_new_tokens" if not short else f"prompts with wrong length: {short}"))
+
+    results = compare_outputs(prompts, s_out, p_out)
+    mism = [r.index for r in results if not r.match]
+    checks.append(Check("outputs identical", bool(s_out) and bool(p_out) and not mism,
+                        f"{len(results) - len(mism)}/{len(results)} prompts match"
+                        + (f"; mismatching prompts {mism}" if mism else "")))
+    cyclic = [r.index for r in results if r.tail_period is not None and r.tail_period <= 2]
+    too_cyclic = len(cyclic) > max_cyclic_fraction * max(len(results), 1)
+    checks.append(Check("outputs not trivially cyclic", bool(s_out) and not too_cyclic,
+                        f"{len(cyclic)}/{len(results)} outputs with tail period <= 2; distinct tokens per output "
+                        f"{[r.distinct_tokens for r in results]}"))
+
+    s_log: LogFindings = stock["log"]
+    p_log: LogFindings = patched["log"]
+    s_probe: ProbeSummary = stock["probe"]
+    p_probe: ProbeSummary = patched["probe"]
+
+    main_pid = (p_res or {}).get("pid")
+    need = set(p_probe.scheduler_pids) | ({main_pid} if main_pid else set())
+    missing = sorted(need - set(p_log.applied_pids))
+    enough = len(set(p_log.applied_pids)) >= 2
+    checks.append(Check("patched log: applied in every process", enough and not missing and bool(p_probe.scheduler_pids),
+                        f"applied by pids {p_log.applied_pids}; main {main_pid}, schedulers {p_probe.scheduler_pids}"
+                        + (f"; missing {missing}" if missing else "")))
+    checks.append(Check("stock log: disabled", s_log.disabled_lines >= 1 and s_log.applied_lines == 0,
+                        f"{s_log.disabled_lines} 'disabled' lines, {s_log.applied_lines} 'applied' lines"))
+    for name, lf in (("patched", p_log), ("stock", s_log)):
+        checks.append(Check(f"{name} log: no plugin warnings/errors", not lf.bad_lines,
+                            "none" if not lf.bad_lines else " | ".join(lf.bad_lines[:5])))
+
+    checks.append(Check("probe saw the scheduler processes", bool(s_probe.scheduler_pids) and bool(p_probe.scheduler_pids),
+                        f"stock schedulers {s_probe.scheduler_pids}, patched schedulers {p_probe.scheduler_pids}; "
+                        f"mechanisms {sorted(set(s_probe.mechanisms) | set(p_probe.mechanisms))}"))
+    checks.append(Check(f"stock scheduler calls {PROBE_FUNC}", s_probe.scheduler_calls > 0,
+                        f"{s_probe.scheduler_calls} calls"))
+    checks.append(Check(f"patched run never calls {PROBE_FUNC}", bool(p_probe.scheduler_pids) and p_probe.total_calls == 0,
+                        f"{p_probe.total_calls} calls in all processes ({p_probe.scheduler_calls} in schedulers)"))
+    return checks, results
+
+
+def format_report(checks: Sequence[Check], results: Sequence[PromptResult], runs: dict[str, dict[str, Any]]) -> str:
+    lines = ["per-prompt:"]
+    for r in results:
+        status = "PASS" if r.match else "FAIL"
+        extra = "" if r.match else f" first mismatch at token {r.first_mismatch}"
+        lines.append(
+            f"  [{status}] prompt {r.index:2d}: len {r.prompt_len:4d}, new {r.max_new_tokens:3d}, "
+            f"distinct {r.distinct_tokens:3d}, tail period {r.tail_period}{extra}"
+        )
+    mism = sum(not r.match for r in results)
+    lines.append(f"mismatching prompts: {mism}/{len(results)}")
+    for name, run in runs.items():
+        res = run.get("result") or {}
+        if res:
+            lines.append(
+                f"{name}: {res.get('tokens_per_s', 0):.1f} tok/s ({res.get('output_tokens')} tokens in "
+                f"{res.get('elapsed_s', 0):.2f} s), mean accept length {res.get('mean_accept_length')}"
+            )
+        else:
+            lines.append(f"{name}: no result (returncode {run.get('returncode')})")
+    lines.append("checks:")
+    for c in checks:
+        lines.append(f"  [{'PASS' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+    lines.append("SMOKE " + ("PASSED" if all(c.ok for c in checks) else "FAILED"))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- engine (worker side)
+
+
+def engine_kwargs(target: str, draft: str, *, cuda_graph: bool, mem_fraction: float, seed: int,
+                  cuda_graph_max_bs: int = 32) -> dict[str, Any]:
+    """``sglang.Engine`` keyword arguments: STANDALONE spec v2, triton, greedy-friendly."""
+    kw: dict[str, Any] = {
+        "model_path": target,
+        "speculative_draft_model_path": draft,
+        "speculative_algorithm": "STANDALONE",
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+        "attention_backend": "triton",
+        "sampling_backend": "pytorch",
+        "grammar_backend": "none",
+        "skip_tokenizer_init": True,
+        "disable_piecewise_cuda_graph": True,
+        "disable_cuda_graph": not cuda_graph,
+        "mem_fraction_static": mem_fraction,
+        "log_level": "info",
+        "random_seed": seed,
+    }
+    if cuda_graph:
+        kw["cuda_graph_max_bs"] = cuda_graph_max_bs
+    return kw
+
+
+def worker_main(spec_path: Path) -> int:
+    """Runs inside the per-mode subprocess: start an Engine, run the workload, write JSON."""
+    spec = json.loads(spec_path.read_text())
+    prompts = [Prompt(p["input_ids"], p["max_new_tokens"]) for p in spec["prompts"]]
+    import sglang  # noqa: WPS433 (imported here: the parent never imports SGLang)
+
+    print(f"worker pid {os.getpid()} mode {os.environ.get(ENV_MODE)} sglang {getattr(sglang, '__version__', '?')}",
+          flush=True)
+    print("engine kwargs: " + json.dumps(spec["engine_kwargs"]), flush=True)
+    t0 = time.perf_counter()
+    engine = sglang.Engine(**spec["engine_kwargs"])
+    startup = time.perf_counter() - t0
+    try:
+        def params(n: int) -> dict[str, Any]:
+            return {"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True}
+
+        # Warm-up (JIT, allocator): not part of the timing nor of the comparison.
+        engine.generate(input_ids=[list(range(3, 19))], sampling_params=[params(16)])
+        t1 = time.perf_counter()
+        outs = engine.generate(input_ids=[p.input_ids for p in prompts],
+                               sampling_params=[params(p.max_new_tokens) for p in prompts])
+        elapsed = time.perf_counter() - t1
+        outputs = [list(map(int, o["output_ids"])) for o in outs]
+        metas = [o.get("meta_info", {}) for o in outs]
+        accept = [m.get("spec_accept_length") for m in metas if m.get("spec_accept_length") is not None]
+        n_tok = sum(len(o) for o in outputs)
+        result = {
+            "pid": os.getpid(),
+            "mode": os.environ.get(ENV_MODE),
+            "sglang_version": getattr(sglang, "__version__", None),
+            "startup_s": startup,
+            "elapsed_s": elapsed,
+            "output_tokens": n_tok,
+            "tokens_per_s": n_tok / elapsed if elapsed > 0 else 0.0,
+            "mean_accept_length": (sum(accept) / len(accept)) if accept else None,
+            "spec_verify_ct": [m.get("spec_verify_ct") for m in metas],
+            "outputs": outputs,
+        }
+        # Let the probe's timer flush the scheduler's counts before shutdown SIGKILLs it.
+        time.sleep(float(spec.get("probe_settle_s", 2.0)))
+    finally:
+        engine.shutdown()
+    Path(spec["result_path"]).write_text(json.dumps(result))
+    print(f"worker done: {n_tok} tokens in {elapsed:.2f} s", flush=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------- orchestration (parent side)
+
+
+def logging_config() -> dict[str, Any]:
+    """``SGLANG_LOGGING_CONFIG_PATH`` content: SGLang's own lines with level and pid."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"smoke": {"format": LOG_FORMAT, "datefmt": "%Y-%m-%d %H:%M:%S"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "smoke", "stream": "ext://sys.stderr"}},
+        "root": {"level": "INFO", "handlers": ["stderr"]},
+        "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+    }
+
+
+def subprocess_env(mode: str, probe_dir: Path, log_config: Path | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env[ENV_MODE] = mode
+    env["PYTHONPATH"] = os.pathsep.join([str(PROBE_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["SMOKE_PROBE_DIR"] = str(probe_dir)
+    env["SMOKE_PROBE_FUNCS"] = PROBE_FUNC
+    env["SMOKE_PROBE_FLUSH_S"] = "0.5"
+    env["SGLANG_ENABLE_SPEC_V2"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    if log_config is not None:
+        env["SGLANG_LOGGING_CONFIG_PATH"] = str(log_config)
+    return env
+
+
+def run_one(name: str, mode: str, spec: dict[str, Any], work: Path, log_dir: Path, timeout: float,
+            log_config: Path | None) -> dict[str, Any]:
+    probe_dir = work / f"probe-{name}"
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    spec = dict(spec, result_path=str(work / f"result-{name}.json"))
+    spec_path = work / f"spec-{name}.json"
+    spec_path.write_text(json.dumps(spec))
+    log_path = log_dir / f"{name}.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
+    print(f"== {name}: {ENV_MODE}={mode}, log {log_path}", flush=True)
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(mode, probe_dir, log_config),
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            import signal
+
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: it and its children only
+            proc.wait()
+            rc = -9
+            log.write(f"\n[gpu_smoke] {name} run killed after {timeout:.0f} s\n")
+    wall = time.perf_counter() - t0
+    # The worker's process group may still hold SGLang children (shut down, but be sure).
+    try:
+        import signal
+
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    result_path = Path(spec["result_path"])
+    result = json.loads(result_path.read_text()) if result_path.exists() else None
+    text = log_path.read_text(errors="replace")
+    print(f"   {name}: returncode {rc}, {wall:.1f} s", flush=True)
+    return {
+        "mode": mode,
+        "returncode": rc,
+        "wall_s": wall,
+        "result": result,
+        "log": scan_log(text),
+        "probe": summarize_probe(read_probe_dir(probe_dir)),
+        "log_path": str(log_path),
+    }
+
+
+def resolve_models(args: argparse.Namespace, work: Path) -> tuple[str, str]:
+    if args.target or args.draft:
+        if not (args.target and args.draft):
+            raise SystemExit("--target and --draft go together")
+        return str(args.target), str(args.draft)
+    if args.models:
+        return str(args.models / "target"), str(args.models / "draft")
+    sys.path.insert(0, str(HERE))
+    from make_tiny_models import make_models
+
+    tdir, ddir = make_models(work / "models")
+    return str(tdir), str(ddir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Compare stock SGLang with sglang_futuremap_patch on a greedy STANDALONE spec-v2 workload.",
+        epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--models", type=Path, help="directory with target/ and draft/ (make_tiny_models.py --out)")
+    p.add_argument("--target", type=Path, help="target model directory (with --draft)")
+    p.add_argument("--draft", type=Path, help="draft model directory (with --target)")
+    p.add_argument("--log-dir", type=Path, default=Path("gpu-smoke-logs"), help="where stock.log and patched.log go")
+    p.add_argument("--out-json", type=Path, help="write the full result here")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="capture (non-piecewise) CUDA graphs (default: on)")
+    p.add_argument("--mem-fraction", type=float, default=0.3, help="mem_fraction_static (default 0.3)")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--seed", type=int, default=20251122, help="workload seed")
+    p.add_argument("--patched-mode", default="strict", choices=["strict", "safe"],
+                   help=f"{ENV_MODE} value for the patched run (default strict)")
+    p.add_argument("--timeout", type=float, default=240.0,
+                   help="seconds per run before it is killed (default 240: two runs fit a 10-minute budget)")
+    p.add_argument("--max-cyclic-fraction", type=float, default=0.5,
+                   help="fail when more than this fraction of outputs has tail period <= 2")
+    p.add_argument("--no-log-config", action="store_true",
+                   help="do not set SGLANG_LOGGING_CONFIG_PATH (SGLang lines then carry no level)")
+    p.add_argument("--keep-work", action="store_true", help="keep the temporary work directory")
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker is not None:
+        return worker_main(args.worker)
+
+    work = Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        target, draft = resolve_models(args, work)
+        vocab = json.loads((Path(target) / "config.json").read_text()).get("vocab_size", 4096)
+        prompts = make_workload(args.num_prompts, vocab, args.seed)
+        kw = engine_kwargs(target, draft, cuda_graph=args.cuda_graph, mem_fraction=args.mem_fraction, seed=0)
+        spec = {"prompts": [asdict(p) for p in prompts], "engine_kwargs": kw, "probe_settle_s": 2.0}
+        log_config: Path | None = None
+        if not args.no_log_config:
+            log_config = work / "logging.json"
+            log_config.write_text(json.dumps(logging_config()))
+
+        runs: dict[str, dict[str, Any]] = {}
+        for name, mode in RUNS:
+            mode = args.patched_mode if name == "patched" else mode
+            runs[name] = run_one(name, mode, spec, work, args.log_dir, args.timeout, log_config)
+
+        checks, results = evaluate(prompts, runs["stock"], runs["patched"], max_cyclic_fraction=args.max_cyclic_fraction)
+        print(format_report(checks, results, runs), flush=True)
+        ok = all(c.ok for c in checks)
+        if args.out_json:
+            args.out_json.parent.mkdir(parents=True, exist_ok=True)
+            doc = {
+                "passed": ok,
+                "checks": [asdict(c) for c in checks],
+                "prompts": [asdict(r) for r in results],
+                "engine_kwargs": kw,
+                "runs": {
+                    name: {
+                        "mode": run["mode"],
+                        "returncode": run["returncode"],
+                        "wall_s": run["wall_s"],
+                        "log_path": run["log_path"],
+                        "log": asdict(run["log"]),
+                        "probe": asdict(run["probe"]),
+                        "result": {k: v for k, v in (run["result"] or {}).items() if k != "outputs"} or None,
+                        "outputs": (run["result"] or {}).get("outputs"),
+                    }
+                    for name, run in runs.items()
+                },
+            }
+            args.out_json.write_text(json.dumps(doc, indent=1))
+            print(f"wrote {args.out_json}")
+        return 0 if ok else 1
+    finally:
+        if args.keep_work:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _exit_worker(code: int) -> None:
+    """Leave the worker without risking a hang in interpreter shutdown: run the atexit
+    handlers (the probe's final flush among them) for at most 15 s, then ``os._exit``."""
+    import atexit
+    import threading
+
+    t = threading.Thread(target=atexit._run_exitfuncs, daemon=True)  # noqa: SLF001
+    t.start()
+    t.join(15)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    _rc = main()
+    if "--worker" in sys.argv:
+        _exit_worker(_rc)
+    sys.exit(_rc)

@@ -1,0 +1,45 @@
+"""GPU smoke test (stock vs. patched SGLang, token for token): runs scripts/gpu_smoke.py.
+
+Skipped unless a CUDA GPU, SGLang and the installed plugin (its ``sglang.srt.plugins``
+entry point) are all present. It starts two SGLang engines (a few minutes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+
+
+def _skip_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU: the smoke test starts real SGLang engines"
+    if importlib.util.find_spec("sglang") is None:
+        return "SGLang is not installed"
+    if not any(ep.value.startswith("sglang_futuremap_patch") for ep in entry_points(group="sglang.srt.plugins")):
+        return "sglang_futuremap_patch is not installed (no sglang.srt.plugins entry point)"
+    return None
+
+
+_REASON = _skip_reason()
+
+
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_gpu_smoke(tmp_path: Path) -> None:
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import gpu_smoke
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    rc = gpu_smoke.main(["--log-dir", str(tmp_path / "logs"), "--out-json", str(tmp_path / "smoke.json")])
+    assert rc == 0, f"GPU smoke failed: see {tmp_path / 'smoke.json'} and the logs in {tmp_path / 'logs'}"
