@@ -20,9 +20,12 @@ import dis
 import hashlib
 import importlib
 import inspect
+import io
 import logging
+import re
 import sys
 import textwrap
+import tokenize
 import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -100,16 +103,29 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+def _normalize_text(src: str) -> str:
+    """Comments, layout and trailing commas removed; the same on every Python version.
+
+    (An AST dump is not: 3.12 added fields to ``FunctionDef``.) The first ``def`` name is
+    neutralised because the plugin names its copies apart (``eagle_verify``, ...).
+    """
+    src = textwrap.dedent(src)
+    lines = src.splitlines(keepends=True)
+    comments = [
+        tok.start for tok in tokenize.generate_tokens(io.StringIO(src).readline)
+        if tok.type == tokenize.COMMENT
+    ]
+    for row, col in reversed(comments):
+        lines[row - 1] = lines[row - 1][:col] + "\n"
+    text = re.sub(r"\s+", "", "".join(lines))
+    text = re.sub(r",([)\]}])", r"\1", text)
+    return re.sub(r"^((?:@[^\n]*?)*)def\w+\(", r"\1def_(", text, count=1)
+
+
 def normalized_source(obj: Any) -> str:
-    """Source of a function as an AST dump: comments, docstrings and layout do not count."""
+    """Source of a function with comments, layout and its own name normalised away."""
     # From the code object: getsource(function) would follow __wrapped__ to the original.
-    src = textwrap.dedent(inspect.getsource(obj.__code__))
-    tree = _strip_docstrings(ast.parse(src))
-    for node in tree.body:  # the plugin names its copies apart (eagle_verify, ...)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            node.name = "_"
-            node.decorator_list = []
-    return ast.dump(tree, annotate_fields=False, include_attributes=False)
+    return _normalize_text(inspect.getsource(obj.__code__))
 
 
 def fingerprint(obj: Any) -> str:

@@ -98,14 +98,16 @@ def test_a_name_that_already_exists_is_a_mismatch(clean_state, monkeypatch):
 def test_fingerprint_ignores_comments_and_layout_but_not_code():
     def a(x):
         # a comment
-        return x + 1
+        return max(x, 1)
 
     def b(x):
-        return (x +
-                1)
+        return max(
+            x,
+            1,  # black's trailing comma
+        )
 
     def c(x):
-        return x + 2
+        return max(x, 2)
 
     assert _engine.fingerprint(a) == _engine.fingerprint(b) != _engine.fingerprint(c)
 

@@ -195,10 +195,10 @@ BACKPORT = Backport(
     summary="forward_batch_generation(..., on_publish=None) fires after target prefill / verify",
     targets=(
         Target(_EAGLE, "EAGLEWorkerV2.forward_batch_generation", eagle_forward_batch_generation,
-               expected="171b0a3d60dd4eb4"),
+               expected="2d327020f22afe7d"),
         Target(_EAGLE, "EAGLEWorkerV2.accepts_on_publish", True, expected=ABSENT, kind="value"),
         Target(_MULTI_LAYER, "MultiLayerEagleWorkerV2.forward_batch_generation",
-               multi_layer_forward_batch_generation, expected="7eb9e470cc224414"),
+               multi_layer_forward_batch_generation, expected="eb9e3f58597e8252"),
         Target(_MULTI_LAYER, "MultiLayerEagleWorkerV2.accepts_on_publish", True, expected=ABSENT,
                kind="value"),
     ),
