@@ -1,0 +1,386 @@
+"""Multi-iteration spec-v2 overlap simulation through SGLang's real scheduling code, on CPU.
+
+The loop mirrors ``Scheduler.event_loop_overlap``: each iteration picks the next batch the
+way ``get_next_batch_to_run`` does (the last prefill batch is filtered and merged into the
+running batch; new requests prefill first; otherwise the real ``update_running_batch`` runs
+``filter_batch`` -> ``check_decode_mem`` -> ``prepare_for_decode``), launches it with the
+real (patched) ``Scheduler.run_batch``, then processes the *previous* batch's result, so
+finishes are seen one iteration late exactly as under overlap. Requests join at different
+iterations and finish at different lengths (``max_new_tokens``) or by abort (``to_finish``),
+so ``filter_batch`` / ``merge_batch`` run on batches whose request-pool slots get freed and
+handed to newcomers.
+
+Every iteration checks ``seq_lens``, ``seq_lens_cpu`` and ``seq_lens_sum`` against an
+independent per-request model (Python ints; see ``sim_support.ContractWorker``), both as the
+worker receives them and on the batch after ``run_batch``; and that nothing on the schedule
+path (filter/merge/update_running_batch) synchronises with the host. A control test shows
+the same probe catches the stock 0.5.12.post1 waits and ``seq_lens`` syncs.
+
+See ``sim_support.py`` for exactly what is not SGLang's own code, and why.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sim_support import (
+    HIDDEN,
+    VOCAB,
+    ContractWorker,
+    HostSyncProbe,
+    NoCallbackWorker,
+    make_pools,
+    make_scheduler,
+    make_server_args,
+    torch_assign_req_to_token_pool_func,
+)
+
+ALGORITHMS = ["EAGLE3", "STANDALONE"]
+CONTEXT_LEN = 96
+POOL_SIZE = 5  # request slots 1..5: small, so finished requests' slots are reused
+
+# iteration -> [(rid number, prompt length, max_new_tokens)]
+ARRIVALS = {
+    0: [(0, 5, 9), (1, 7, 14), (2, 4, 3)],
+    2: [(3, 6, 30)],
+    3: [(4, 3, 6)],
+    6: [(5, 8, 12), (6, 5, 34)],
+    9: [(7, 9, 7)],
+    13: [(8, 4, 26), (9, 6, 5)],
+    17: [(10, 7, 9), (11, 5, 1)],  # r-11 finishes at its prefill
+}
+ABORT_AT = {11: 3}  # iteration -> rid number aborted (req.to_finish) before that iteration
+MAX_ITERS = 60
+
+
+@pytest.fixture(scope="module")
+def patched(sglang_loaded):
+    import sglang_futuremap_patch as plugin
+
+    plugin.revert()
+    report = plugin.apply(mode="strict")
+    assert report.applied == ["worker-on-publish", "publish-stash", "drop-verify-done"]
+    yield
+    plugin.revert()
+
+
+@pytest.fixture
+def rig(patched, monkeypatch):
+    """Global server args, the Triton seam and the host-sync probe, all undone afterwards."""
+    from sglang.srt import server_args as sa
+    from sglang.srt.speculative import spec_utils
+
+    # The single Triton kernel on the decode path (see sim_support for why it is swapped).
+    monkeypatch.setattr(spec_utils, "assign_req_to_token_pool_func",
+                        torch_assign_req_to_token_pool_func)
+    previous = sa._global_server_args
+    probe = HostSyncProbe().install()
+
+    def use(algorithm):
+        sa.set_global_server_args_for_scheduler(make_server_args(algorithm))
+
+    try:
+        yield SimpleNamespace(probe=probe, use=use)
+    finally:
+        probe.uninstall()
+        sa._global_server_args = previous
+
+
+# --------------------------------------------------------------------------- the simulation
+
+
+class Simulation:
+    def __init__(self, algorithm, worker_cls, probe):
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.speculative.spec_utils import spec_need_hidden_states
+
+        self.algorithm = algorithm
+        self.probe = probe
+        self.truth: dict[str, int] = {}
+        self.worker = worker_cls(self.truth, relay_hidden=spec_need_hidden_states())
+        self.req_to_token_pool, self.allocator, self.tree_cache = make_pools(
+            POOL_SIZE, CONTEXT_LEN, kv_tokens=4096)
+        self.model_config = SimpleNamespace(
+            vocab_size=VOCAB, is_encoder_decoder=False, is_matryoshka=False,
+            hidden_size=HIDDEN, context_len=CONTEXT_LEN)
+        self.sched = make_scheduler(self.worker, algorithm, self.req_to_token_pool,
+                                    self.allocator, self.tree_cache, self.model_config)
+        # As Scheduler.__init__ creates it.
+        self.running = ScheduleBatch(reqs=[], batch_is_full=False)
+        self.last_batch = None
+        self.result_queue = []
+        self.waiting = []
+        self.reqs: dict[str, object] = {}
+        self.finished: list[str] = []
+        self.stats = dict(prefill=0, decode=0, filtered=0, merged=0, slot_reuse=0,
+                          slot_shared_in_batch=0)
+        self._slots_seen: dict[int, str] = {}
+
+    # -- requests
+    def _new_req(self, num, prompt_len, max_new):
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        rid = f"r-{num}"
+        params = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
+        params.normalize(None)
+        req = Req(rid, "", [11 + (num * 13 + i) % 500 for i in range(prompt_len)], params,
+                  vocab_size=VOCAB)
+        # What the PrefillAdder does for a request without a cached prefix.
+        req.init_next_round_input(self.tree_cache)
+        req.set_extend_input_len(len(req.fill_ids) - len(req.prefix_indices))
+        self.reqs[rid] = req
+        self.truth[rid] = prompt_len
+        return req
+
+    def _prefill_batch(self, arrivals):
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        reqs = [self._new_req(*a) for a in arrivals]
+        batch = ScheduleBatch.init_new(
+            reqs, self.req_to_token_pool, self.allocator, self.tree_cache,
+            self.model_config, True, self.sched.spec_algorithm)
+        batch.prepare_for_extend()
+        for r in reqs:
+            prev = self._slots_seen.get(r.req_pool_idx)
+            if prev is not None and prev != r.rid:
+                self.stats["slot_reuse"] += 1
+            self._slots_seen[r.req_pool_idx] = r.rid
+        return batch
+
+    # -- checks
+    def _assert_consistent(self, batch, where):
+        """Launched (or resolved) lengths: mirror and sum agree, rows line up."""
+        n = len(batch.reqs)
+        assert batch.seq_lens.shape == (n,) and batch.seq_lens_cpu.shape == (n,), where
+        assert batch.seq_lens_cpu.device.type == "cpu", where
+        assert batch.seq_lens.tolist() == batch.seq_lens_cpu.tolist(), where
+        # A request released by the previous result's processing keeps its row (and slot
+        # number) until the next filter_batch; every other row must match its request.
+        for idx, r in zip(batch.req_pool_indices.tolist(), batch.reqs):
+            assert r.req_pool_idx in (idx, None) and (r.req_pool_idx or r.finished()), where
+        if batch.spec_info is not None and batch.spec_info.future_indices is not None:
+            assert torch.equal(batch.spec_info.future_indices.indices,
+                               batch.req_pool_indices), where
+
+    def _probe_clean(self, where):
+        hits = self.probe.take()
+        assert hits == [], f"host sync on the schedule path during {where}: {hits}"
+
+    # -- get_next_batch_to_run, mirrored
+    def next_batch(self, it):
+        if self.last_batch is not None and self.last_batch.forward_mode.is_extend():
+            lb = self.last_batch
+            before = len(lb.reqs)
+            with self.probe.armed(lb.seq_lens, self.running.seq_lens):
+                lb.filter_batch(chunked_req_to_exclude=[])
+            self._probe_clean("filter_batch of the last prefill batch")
+            if len(lb.reqs) < before:
+                self.stats["filtered"] += 1
+                if lb.reqs:
+                    assert lb.seq_lens_sum is None, "spec v2 filter must defer seq_lens_sum"
+            if not lb.is_empty():
+                self._assert_consistent(lb, "filtered prefill batch")
+                if self.running.is_empty():
+                    self.running = lb
+                else:
+                    sums = (self.running.seq_lens_sum, lb.seq_lens_sum)
+                    with self.probe.armed(lb.seq_lens, self.running.seq_lens):
+                        self.running.merge_batch(lb)
+                    self._probe_clean("merge_batch")
+                    self.stats["merged"] += 1
+                    idx = self.running.req_pool_indices.tolist()
+                    if len(set(idx)) < len(idx):
+                        # A newcomer got the slot of a finished request that is still a row
+                        # of the running batch (filtered out before the next forward).
+                        self.stats["slot_shared_in_batch"] += 1
+                    if None in sums:
+                        assert self.running.seq_lens_sum is None
+                    else:
+                        assert self.running.seq_lens_sum == sum(sums)
+                self._assert_consistent(self.running, "merged running batch")
+
+        if it in ABORT_AT:
+            from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+            req = self.reqs[f"r-{ABORT_AT[it]}"]
+            if not req.finished():
+                req.to_finish = FINISH_ABORT("aborted by the test")
+
+        # get_new_batch_prefill: new requests prefill first, as many as there are free
+        # request slots (a slot freed by a finish is reusable at once, even while the
+        # finished request's row still sits in the running batch until the next filter).
+        self.waiting.extend(ARRIVALS.get(it, []))
+        admit = min(len(self.waiting), self.req_to_token_pool.available_size())
+        if admit:
+            arrivals, self.waiting = self.waiting[:admit], self.waiting[admit:]
+            return self._prefill_batch(arrivals)
+
+        if self.running.is_empty():
+            return None
+        before = len(self.running.reqs)
+        launched = self.running.seq_lens_cpu.tolist()
+        kept = [i for i, r in enumerate(self.running.reqs) if not r.finished()]
+        with self.probe.armed(self.running.seq_lens):
+            self.running = self.sched.update_running_batch(self.running)
+        self._probe_clean("update_running_batch (filter_batch, check_decode_mem, "
+                          "prepare_for_decode)")
+        if self.running.is_empty():
+            return None
+        self._assert_consistent(self.running, "prepared decode batch")
+        # prepare_for_decode keeps the launched lengths (the forward resolves them).
+        assert self.running.seq_lens_cpu.tolist() == [launched[i] for i in kept]
+        if len(self.running.reqs) < before:
+            self.stats["filtered"] += 1
+            assert self.running.seq_lens_sum is None, "spec v2 filter must defer seq_lens_sum"
+        return self.running
+
+    # -- process_batch_result, mirrored (only what the next iterations depend on)
+    def process(self, batch, result):
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        result.copy_done.synchronize()
+        if batch.forward_mode.is_extend():
+            tokens = result.next_token_ids.tolist()
+            for req, tok in zip(batch.reqs, tokens):
+                if req.finished() or req.is_retracted:
+                    continue
+                req.output_ids.append(tok)
+                req.check_finished()
+                if req.finished():
+                    release_kv_cache(req, self.tree_cache)
+                    self.finished.append(req.rid)
+            return
+        # _resolve_spec_overlap_tokens + process_batch_result_decode
+        tokens = result.next_token_ids.tolist()
+        accept = result.accept_lens.tolist()
+        stride = result.speculative_num_draft_tokens
+        for i, req in enumerate(batch.reqs):
+            if req.finished():
+                req.kv_committed_len -= 1  # prepare_for_decode pre-claimed the bonus slot
+                continue
+            req.kv_committed_len += accept[i] - 1
+            new = tokens[i * stride: i * stride + accept[i]]
+            req.output_ids.extend(new)
+            req.check_finished(len(new))
+            if req.finished():
+                release_kv_cache(req, self.tree_cache)
+                self.finished.append(req.rid)
+
+    # -- the loop
+    def run(self):
+        fm = self.sched.future_map
+        for it in range(MAX_ITERS):
+            batch = self.next_batch(it)
+            if batch is not None:
+                rids = [r.rid for r in batch.reqs]
+                expected = [self.truth[r] for r in rids]
+                calls = len(self.worker.calls)
+                publishes = fm.publish_count
+                result = self.sched.run_batch(batch)
+                assert len(self.worker.calls) == calls + 1
+                assert fm.publish_count == publishes + 1, "exactly one publish per forward"
+                seen = self.worker.calls[-1]
+                assert seen["rids"] == rids and seen["seq_lens"] == expected
+                # After run_batch the batch holds what it launched with (resolved lengths).
+                assert batch.seq_lens.tolist() == expected, (it, rids)
+                assert batch.seq_lens_cpu.tolist() == expected, (it, rids)
+                assert batch.seq_lens_sum == sum(expected), (it, rids)
+                self._assert_consistent(batch, f"iteration {it} after run_batch")
+                # What the next resolve will read: the lengths after this forward.
+                assert fm.new_seq_lens_buf[batch.req_pool_indices].tolist() == [
+                    self.truth[r] for r in rids]
+                self.stats["prefill" if batch.forward_mode.is_extend() else "decode"] += 1
+                self.result_queue.append((batch.copy(), result))
+            if self.last_batch is not None:
+                self.process(*self.result_queue.pop(0))
+            self.last_batch = batch
+            if (batch is None and not self.result_queue and not self.waiting
+                    and it > max(ARRIVALS)):
+                break
+        return self
+
+
+def _all_done(sim):
+    assert sorted(sim.finished) == sorted(sim.reqs), (sim.finished, list(sim.reqs))
+    for rid, req in sim.reqs.items():
+        assert req.finished(), rid
+        assert req.req_pool_idx is None, f"{rid} still holds a request slot"
+    # Every KV slot came back: nothing leaked across filter/merge/finish.
+    assert sim.allocator.available_size() == 4096
+    assert sorted(sim.req_to_token_pool.free_slots) == list(range(1, POOL_SIZE + 1))
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("worker_cls", [ContractWorker, NoCallbackWorker],
+                         ids=["on_publish", "safety_net"])
+def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls):
+    rig.use(algorithm)
+    sim = Simulation(algorithm, worker_cls, rig.probe).run()
+    _all_done(sim)
+    st = sim.stats
+    # The scenario really exercised what it claims to.
+    assert sum(len(c["rids"]) for c in sim.worker.calls if c["extend"]) == len(sim.reqs)
+    for rid, req in sim.reqs.items():
+        if rid != f"r-{ABORT_AT[11]}":
+            assert type(req.finished_reason).__name__ == "FINISH_LENGTH", rid
+            assert len(req.output_ids) >= req.sampling_params.max_new_tokens, rid
+    assert st["decode"] >= 15 and st["filtered"] >= 5 and st["merged"] >= 5, st
+    assert st["slot_reuse"] >= 3 and st["slot_shared_in_batch"] >= 1, st
+    aborted = sim.reqs[f"r-{ABORT_AT[11]}"]
+    assert type(aborted.finished_reason).__name__ == "FINISH_ABORT"
+    assert len(aborted.output_ids) < aborted.sampling_params.max_new_tokens
+    # Who published: the worker through on_publish, or the scheduler's safety net.
+    expected_cb = len(sim.worker.calls) if worker_cls.accepts_on_publish else 0
+    assert sim.worker.published_during_forward == expected_cb
+    # Draft relay: STANDALONE relays no hidden states, EAGLE3 does.
+    assert hasattr(sim.sched.future_map, "hidden_states_buf") == (algorithm == "EAGLE3")
+    # Every request's accepted tokens add up: truth = prompt + everything accepted.
+    for rid, req in sim.reqs.items():
+        accepted = sum(sum(c["accept"][i] for i, r in enumerate(c["rids"]) if r == rid)
+                       for c in sim.worker.calls if not c["extend"])
+        assert sim.truth[rid] == len(req.origin_input_ids) + accepted
+
+
+def test_probe_detects_the_stock_schedule_path(rig, patched):
+    """Control: the same probe, on stock 0.5.12.post1 code, counts the waits and syncs."""
+    import sglang_futuremap_patch as plugin
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    rig.use("EAGLE3")
+    sim = Simulation("EAGLE3", ContractWorker, rig.probe)
+    for it in (0, 100, 101):  # prefill (ARRIVALS[0]), then two decodes (nothing arrives)
+        batch = sim.next_batch(it)
+        sim.sched.run_batch(batch)
+        sim.last_batch = batch
+    running = sim.running
+    assert len(running.reqs) == 3 and running.forward_mode.is_decode()
+
+    plugin.revert()
+    try:
+        # What stock run_batch leaves behind for spec v2: seq_lens being produced by the
+        # forward, fenced by verify_done.
+        verify_done = torch.cpu.Event()
+        verify_done.record()
+        running.spec_info.verify_done = verify_done
+        running.reqs[1].finished_reason = FINISH_ABORT("control")
+        with rig.probe.armed(running.seq_lens):
+            running.filter_batch(v1_spec_info_filtered=True)
+        filter_hits = rig.probe.take()
+        with rig.probe.armed(running.seq_lens):
+            running.prepare_for_decode()
+        decode_hits = rig.probe.take()
+    finally:
+        plugin.apply(mode="strict")
+
+    assert ("Event.synchronize", False) in filter_hits, filter_hits  # verify_done wait
+    assert ("Tensor.item", False) in filter_hits, filter_hits  # seq_lens.sum().item()
+    assert ("Event.synchronize", False) in decode_hits, decode_hits  # verify_done wait
+    assert ("Tensor.cpu", True) in decode_hits, decode_hits  # batch.seq_lens.cpu()
+    assert ("Tensor.item", False) in decode_hits, decode_hits  # seq_lens_cpu.sum().item()
