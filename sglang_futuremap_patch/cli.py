@@ -73,8 +73,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_patches(args: argparse.Namespace) -> int:
     from sglang_futuremap_patch import series_tools
 
+    patches_dir = Path(args.patches) if args.patches else series_tools.DEFAULT_PATCHES_DIR
+    if not (patches_dir / "series").is_file():
+        print(f"error: no patch series at {patches_dir}; pass --patches path/to/patches "
+              "(the folder in this project's source checkout)", file=sys.stderr)
+        return 2
     action = series_tools.check if args.action == "check" else series_tools.apply
-    ok, message = action(Path(args.repo))
+    ok, message = action(Path(args.repo), patches_dir)
     print(message, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 
@@ -94,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("patches", help="check or apply patches/ on an SGLang git checkout")
     p.add_argument("action", choices=("check", "apply"))
     p.add_argument("--repo", required=True, help="SGLang repository at v0.5.12.post1 (or v0.5.12)")
+    p.add_argument("--patches", help="the patch series folder (default: patches/ of this checkout)")
     p.set_defaults(func=cmd_patches)
     return parser
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import sglang_futuremap_patch as plugin
+from conftest import activate_backport
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def fmap(clean_state):
     from sglang.srt.managers.overlap_utils import FutureMap
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    plugin.apply(mode="strict")
+    activate_backport()
     previous = sa._global_server_args
     sa.set_global_server_args_for_scheduler(
         SimpleNamespace(speculative_algorithm="EAGLE", enable_multi_layer_eagle=False))

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import activate_backport, plugin_only
 from sim_support import (
     HIDDEN,
     VOCAB,
@@ -60,9 +61,7 @@ MAX_ITERS = 60
 def patched(sglang_loaded):
     import sglang_futuremap_patch as plugin
 
-    plugin.revert()
-    report = plugin.apply(mode="strict")
-    assert report.applied == ["worker-on-publish", "publish-stash", "drop-verify-done"]
+    activate_backport()
     yield
     plugin.revert()
 
@@ -348,6 +347,7 @@ def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls):
         assert sim.truth[rid] == len(req.origin_input_ids) + accepted
 
 
+@plugin_only
 def test_probe_detects_the_stock_schedule_path(rig, patched):
     """Control: the same probe, on stock 0.5.12.post1 code, counts the waits and syncs."""
     import sglang_futuremap_patch as plugin

@@ -8,20 +8,23 @@ import torch
 import sglang_futuremap_patch as plugin
 from sglang_futuremap_patch import selfcheck
 
+from conftest import activate_backport, plugin_only
+
 
 @pytest.mark.parametrize("algorithm", ["EAGLE3", "EAGLE", "STANDALONE"])
 def test_selfcheck_passes_on_the_patched_future_map(clean_state, algorithm):
-    plugin.apply(mode="strict")
+    activate_backport()
     assert len(selfcheck.run(algorithm)) == 5
 
 
+@plugin_only
 def test_selfcheck_refuses_an_unpatched_future_map(clean_state):
     with pytest.raises(AssertionError, match="not applied"):
         selfcheck.run("EAGLE3")
 
 
 def test_selfcheck_detects_a_stash_that_writes_the_wrong_rows(clean_state, monkeypatch):
-    plugin.apply(mode="strict")
+    activate_backport()
     from sglang.srt.managers.overlap_utils import FutureMap
 
     real_stash = FutureMap.stash

@@ -110,6 +110,8 @@ def resolve_future(self, model_worker_batch):
     draft_input.topk_p = self.topk_p_buf[indices]
     draft_input.topk_index = self.topk_index_buf[indices]
     draft_input.bonus_tokens = self.bonus_tokens_buf[indices]
+    # new_seq_lens is not relayed here: the workers read batch.seq_lens, which
+    # resolve_seq_lens_cpu refreshed from the publish before this forward.
     if spec_need_hidden_states():
         draft_input.hidden_states = self.hidden_states_buf[indices]
 
@@ -351,6 +353,9 @@ def process_prebuilt(
         spec_info.prepare_for_extend(self)
         spec_info.capture_hidden_mode = CaptureHiddenMode.LAST
         if self.enable_overlap:
+            # local import to avoid circular import
+            from sglang.srt.managers.overlap_utils import FutureIndices
+
             spec_info.future_indices = FutureIndices(indices=self.req_pool_indices)
             future_map.seed_prebuilt(self.req_pool_indices, self.seq_lens, spec_info)
         self.spec_info = spec_info
@@ -383,8 +388,6 @@ BACKPORT = Backport(
                expected=ABSENT),
         Target(_SCHEDULER, "Scheduler.run_batch", run_batch, expected="4e38123ed096306f",
                kind="wrap", original_arg="_stock_run_batch"),
-        Target(_DISAGG, "FutureIndices", FutureIndices, expected=ABSENT, kind="value",
-               import_line="from sglang.srt.managers.overlap_utils import FutureIndices"),
         Target(_DISAGG, "ScheduleBatchDisaggregationDecodeMixin.process_prebuilt",
                process_prebuilt, expected="9228da9a0da63b14"),
     ),

@@ -8,11 +8,11 @@ Why: in 0.5.12.x the scheduler learns the post-verify sequence lengths only by w
 moment they are final -- after the target forward on prefill, right after verify on decode --
 so the scheduler can prepare the next batch while the draft extend still runs.
 
-How: ``forward_batch_generation(model_worker_batch, on_publish=None)`` on ``EAGLEWorkerV2``
-and ``MultiLayerEagleWorkerV2`` (``StandaloneWorkerV2`` inherits it). ``accepts_on_publish``
-tells the scheduler that the keyword exists: wrappers hide signatures, so nothing inspects
-them. Without a callback the workers behave exactly as before, which keeps this patch
-bisectable on its own. The two functions are SGLang's own with the publish calls added.
+How: both workers' forward_batch_generation take an optional on_publish callback
+(STANDALONE inherits the EAGLE worker's), and the workers declare accepts_on_publish so the
+scheduler knows it may pass one: wrappers hide signatures, so nothing inspects them. Without
+a callback the workers behave exactly as before, which keeps this change bisectable on its
+own. The two functions are SGLang's own with the publish calls added.
 """
 
 from __future__ import annotations
