@@ -132,6 +132,8 @@ def fingerprint(obj: Any) -> str:
     """A short, stable digest of a function's normalised source (or of a value's repr)."""
     if isinstance(obj, (staticmethod, classmethod)):
         obj = obj.__func__
+    if isinstance(obj, property):
+        obj = obj.fget
     if isinstance(obj, (types.FunctionType, types.MethodType)):
         text = normalized_source(obj)
     else:
@@ -198,7 +200,13 @@ def sglang_version() -> str:
     return str(getattr(sglang, "__version__", "unknown"))
 
 
-def _check_target(target: Target, pending: dict[str, dict[str, Any]]) -> TargetCheck:
+def _check_target(
+    target: Target, pending: dict[str, dict[str, Any]], final: Any | None = None
+) -> TargetCheck:
+    """Check one target against the live object. ``final`` is the last replacement of the
+    target's chain (a later back-port may replace the same function again): a patched tree
+    carries that one."""
+    final = target.replacement if final is None else final
     try:
         owner, attr, module = _resolve_owner(target)
     except Exception as exc:  # an import error or a missing class is a mismatch too
@@ -209,7 +217,7 @@ def _check_target(target: Target, pending: dict[str, dict[str, Any]]) -> TargetC
     if target.expected == ABSENT:
         if raw is not None or (isinstance(owner, types.ModuleType) and hasattr(owner, attr)):
             found = fingerprint(raw) if raw is not None else "?"
-            if target.kind != "value" and raw is not None and found == fingerprint(target.replacement):
+            if target.kind != "value" and raw is not None and found == fingerprint(final):
                 return TargetCheck(target, "in-source", found=found)
             if target.kind == "value" and getattr(owner, attr, None) is target.replacement:
                 return TargetCheck(target, "in-source", found=found)
@@ -222,17 +230,26 @@ def _check_target(target: Target, pending: dict[str, dict[str, Any]]) -> TargetC
         found = fingerprint(raw)
         if found == target.expected:
             state = "ready"
-        elif target.kind != "value" and found == fingerprint(target.replacement):
+        elif target.kind != "value" and found == fingerprint(final):
             return TargetCheck(target, "in-source", found=found)
         else:
             return TargetCheck(target, "mismatch", found=found, detail=f"expected {target.expected}")
     if target.kind == "splice":
         namespace = dict(vars(module))
         namespace.update(pending.get(target.owner, {}))
-        missing = missing_globals(target.replacement, namespace)
+        missing = missing_globals(_func_of(target.replacement), namespace)
         if missing:
             return TargetCheck(target, "mismatch", found=found, detail=f"module lacks {missing}")
     return TargetCheck(target, state, found=found)
+
+
+def _chains(series: Iterable[Backport]) -> dict[str, list[Target]]:
+    """Targets by path, in series order: a path listed twice is replaced again later."""
+    chains: dict[str, list[Target]] = {}
+    for bp in series:
+        for t in bp.targets:
+            chains.setdefault(t.path, []).append(t)
+    return chains
 
 
 def version_verdict(version: str) -> Verdict | None:
@@ -262,7 +279,25 @@ def gate(series: Iterable[Backport], version: str | None = None) -> Verdict:
         for t in bp.targets:
             if "." not in t.name:
                 pending.setdefault(t.owner, {})[t.name] = t.replacement
-    checks = {bp.id: [_check_target(t, pending) for t in bp.targets] for bp in series}
+    chains = _chains(series)
+    live = {path: _check_target(chain[0], pending, chain[-1].replacement)
+            for path, chain in chains.items()}
+    checks: dict[str, list[TargetCheck]] = {bp.id: [] for bp in series}
+    for bp in series:
+        for t in bp.targets:
+            chain = chains[t.path]
+            i = chain.index(t)
+            if i == 0:
+                checks[bp.id].append(live[t.path])
+                continue
+            # A later link must be a new version of exactly the function the link before
+            # it installs (checked statically); its live state is the first link's.
+            prior = fingerprint(chain[i - 1].replacement)
+            if t.expected == prior:
+                checks[bp.id].append(TargetCheck(t, live[t.path].state, found=prior))
+            else:
+                checks[bp.id].append(TargetCheck(
+                    t, "mismatch", found=prior, detail=f"supersedes {prior}, not {t.expected}"))
     flat = [c for cs in checks.values() for c in cs]
     states = {c.state for c in flat}
     if states == {"applied"}:
@@ -304,6 +339,8 @@ _STATE = _State()
 
 
 def _func_of(raw: Any) -> Any:
+    if isinstance(raw, property):
+        return raw.fget
     return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
 
 
@@ -312,6 +349,12 @@ def _build(target: Target, module: types.ModuleType, original: Any, backport_id:
     attr_name = target.name.rsplit(".", 1)[-1]
     if target.kind == "value":
         return repl
+    if isinstance(repl, property):
+        fget = _build(
+            Target(target.owner, target.name, repl.fget, target.expected, target.kind),
+            module, None, backport_id,
+        )
+        return property(fget, doc=repl.__doc__)
     if not isinstance(repl, types.FunctionType):
         raise PatchError(f"{target.path}: replacement must be a plain function")
     if repl.__code__.co_freevars:
@@ -389,10 +432,12 @@ def install(series: Iterable[Backport], verdict: Verdict) -> list[str]:
         raise PatchError(verdict.reason)
     series = list(series)
     installed: list[_Installed] = []
+    chains = _chains(series)
     try:
         for bp in series:
             for t in bp.targets:
-                installed.extend(_install(t, bp.id))
+                if chains[t.path][-1] is t:  # a function replaced twice: install the last
+                    installed.extend(_install(t, bp.id))
     except Exception as exc:
         _undo(installed)
         raise PatchError(f"installing failed, rolled back: {type(exc).__name__}: {exc}") from exc

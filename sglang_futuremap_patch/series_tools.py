@@ -384,10 +384,17 @@ def replacement_source(target: Target) -> str:
     """The replacement as it goes into the SGLang file: dedented, named after the target."""
     _, attr = _split_name(target)
     func = target.replacement
+    is_property = isinstance(func, property)
+    if is_property:
+        func = func.fget
     src = textwrap.dedent(inspect.getsource(func))
     node = ast.parse(src).body[0]
-    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.decorator_list:
-        raise SeriesError(f"{target.path}: the replacement must be an undecorated function")
+    decorators = [ast.unparse(d) for d in getattr(node, "decorator_list", [])]
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or decorators != (
+        ["property"] if is_property else []
+    ):
+        raise SeriesError(f"{target.path}: the replacement must be an undecorated function "
+                          "(or a @property)")
     src, n = re.subn(
         rf"^((?:async\s+)?def\s+){re.escape(func.__name__)}\b", rf"\g<1>{attr}", src, count=1, flags=re.M
     )
@@ -418,6 +425,8 @@ def _splice_function(text: str, target: Target) -> str:
     kept = []
     for dec in node.decorator_list:
         name = ast.unparse(dec)
+        if name == "property" and isinstance(target.replacement, property):
+            continue  # the replacement's source carries its own @property
         if name not in ("staticmethod", "classmethod"):
             raise SeriesError(f"{target.path}: decorated with @{name}; the plugin would drop it")
         kept.append(lines[dec.lineno - 1])  # the engine keeps static/classmethod wrappers

@@ -154,3 +154,65 @@ def test_patched_source_tree_is_recognised_as_already_carrying_the_change(clean_
         _engine._STATE.applied, _engine._STATE.backports = saved
     assert verdict.decision == "upstream", verdict.reason
     assert "already carries this back-port" in verdict.reason
+
+
+def _chain_series(first_fn, second_fn, second_expected):
+    owner = "sglang.srt.managers.overlap_utils"
+    a = _engine.Backport("a", "a", (1,), "a.patch",
+                         (_engine.Target(owner, "FutureMap.extra_method", first_fn, _engine.ABSENT),))
+    b = _engine.Backport("b", "b", (2,), "b.patch",
+                         (_engine.Target(owner, "FutureMap.extra_method", second_fn, second_expected),))
+    return [a, b]
+
+
+def _v1(self):
+    return 1
+
+
+def _v2(self):
+    return 2
+
+
+def test_a_later_backport_may_replace_a_function_again(clean_state):
+    from sglang.srt.managers.overlap_utils import FutureMap
+
+    series = _chain_series(_v1, _v2, _engine.fingerprint(_v1))
+    verdict = _engine.gate(series)
+    assert verdict.decision == "patch", verdict.reason
+    try:
+        _engine.install(series, verdict)
+        assert FutureMap.extra_method(None) == 2  # only the last link is installed
+        assert getattr(FutureMap.__dict__["extra_method"], _engine.MARK) == "b"
+    finally:
+        _engine.uninstall()
+    assert not hasattr(FutureMap, "extra_method")
+
+
+def test_a_later_link_that_does_not_supersede_the_earlier_one_is_a_mismatch(clean_state):
+    verdict = _engine.gate(_chain_series(_v1, _v2, "0123456789abcdef"))
+    assert verdict.decision == "mismatch" and "supersedes" in verdict.reason
+
+
+class _Holder:
+    @property
+    def backends(self):
+        return ["triton"]
+
+
+def test_property_replacements_are_spliced_as_properties(clean_state):
+    from sglang.srt.managers.overlap_utils import FutureMap
+
+    prop = _Holder.__dict__["backends"]
+    series = [_engine.Backport("p", "p", (3,), "p.patch", (
+        _engine.Target("sglang.srt.managers.overlap_utils", "FutureMap.backends", prop, _engine.ABSENT),))]
+    verdict = _engine.gate(series)
+    assert verdict.decision == "patch", verdict.reason
+    try:
+        _engine.install(series, verdict)
+        installed = FutureMap.__dict__["backends"]
+        assert isinstance(installed, property)
+        import sglang.srt.managers.overlap_utils as ou
+        assert installed.fget.__globals__ is vars(ou)
+        assert FutureMap.backends.fget(None) == ["triton"]
+    finally:
+        _engine.uninstall()
