@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
+
 from sglang_futuremap_patch._engine import Backport
+
+#: Module names under this package, in patch order. A later module may replace a function
+#: an earlier one already replaced (its Target declares the earlier version's fingerprint).
+SERIES: tuple[str, ...] = (
+    "worker_on_publish",
+    "publish_stash",
+    "drop_verify_done",
+)
 
 
 def load_series() -> tuple[Backport, ...]:
     """Import the back-port modules (this imports the SGLang modules they target)."""
-    from sglang_futuremap_patch.backports import drop_verify_done, publish_stash, worker_on_publish
-
-    return (worker_on_publish.BACKPORT, publish_stash.BACKPORT, drop_verify_done.BACKPORT)
+    return tuple(importlib.import_module(f"{__name__}.{name}").BACKPORT for name in SERIES)
