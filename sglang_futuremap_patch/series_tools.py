@@ -886,6 +886,20 @@ def _verdict(ok: bool, output: str, patches: list[Path], repo: Path, done: str) 
     return True, f"{done}{note}"
 
 
+def _prepare(repo: Path, patches_dir: Path | None):
+    """The checkout's layout and the patch files, or why the series cannot go there."""
+    layout = _layout(repo)
+    if isinstance(layout, str):
+        return layout
+    refusal = _refusal(layout)
+    if refusal:
+        return refusal
+    try:
+        return layout, series_patches(patches_dir)
+    except SeriesError as exc:
+        return str(exc)
+
+
 def check(repo: Path, patches_dir: Path | None = None) -> tuple[bool, str]:
     """Whether the series applies to the git checkout at ``repo``; nothing there changes.
 
@@ -893,16 +907,10 @@ def check(repo: Path, patches_dir: Path | None = None) -> tuple[bool, str]:
     which is removed afterwards.
     """
     repo = Path(repo)
-    layout = _layout(repo)
-    if isinstance(layout, str):
-        return False, layout
-    refusal = _refusal(layout)
-    if refusal:
-        return False, refusal
-    try:
-        patches = series_patches(patches_dir)
-    except SeriesError as exc:
-        return False, str(exc)
+    prepared = _prepare(repo, patches_dir)
+    if isinstance(prepared, str):
+        return False, prepared
+    layout, patches = prepared
     with tempfile.TemporaryDirectory(prefix="sglang-futuremap-check-") as tmp:
         wt = Path(tmp) / "worktree"
         added = _git(layout.toplevel, "worktree", "add", "-q", "--detach", str(wt), "HEAD",
@@ -920,16 +928,10 @@ def check(repo: Path, patches_dir: Path | None = None) -> tuple[bool, str]:
 def apply(repo: Path, patches_dir: Path | None = None) -> tuple[bool, str]:
     """Apply the series to the git checkout at ``repo`` (``git am -k --3way``), all or nothing."""
     repo = Path(repo)
-    layout = _layout(repo)
-    if isinstance(layout, str):
-        return False, layout
-    refusal = _refusal(layout)
-    if refusal:
-        return False, refusal
-    try:
-        patches = series_patches(patches_dir)
-    except SeriesError as exc:
-        return False, str(exc)
+    prepared = _prepare(repo, patches_dir)
+    if isinstance(prepared, str):
+        return False, prepared
+    layout, patches = prepared
     ok, out = _am(layout.toplevel, layout, patches)
     if not ok:
         return False, out + f"\nnothing was applied (git am --abort restored {repo})"
