@@ -2,7 +2,8 @@
 """GPU smoke test: stock SGLang vs. sglang_futuremap_patch, token for token.
 
 Runs one fixed greedy workload on ``sglang.Engine`` (STANDALONE speculative decoding,
-spec v2, triton attention) twice, each in a fresh Python subprocess so no plugin state
+spec v2; Triton attention unless ``--attention-backend flashinfer``; piecewise CUDA graph off
+unless ``--piecewise-cuda-graph``) twice, each in a fresh Python subprocess so no plugin state
 leaks between them:
 
 * ``stock``   -- ``SGLANG_FUTUREMAP_PATCH=off`` (plugin installed but disabled);
@@ -19,7 +20,18 @@ Exit code 0 only when all of these hold:
    load, or a traceback through the plugin's code;
 6. ``maybe_wait_verify_done`` (any function of that name) is called in the stock
    scheduler process and never in any process of the patched run. Counted by the probe in
-   ``scripts/gpu_probe/`` (a ``sitecustomize`` put on ``PYTHONPATH`` of the subprocesses).
+   ``scripts/gpu_probe/`` (a ``sitecustomize`` put on ``PYTHONPATH`` of the subprocesses);
+7. with ``--sync-probe``: the host-sync probe (``scripts/gpu_probe/smoke_sync_probe.py``) saw
+   decode iterations in both scheduler processes; with ``--expect-zero-seq-lens-syncs`` also:
+   the patched run has 0 seq_lens syncs per decode iteration.
+
+``--sync-probe`` counts, per decode iteration of the scheduler thread, the host syncs
+(``Tensor.item/.tolist/.cpu/.numpy/__int__/__float__/__bool__``, ``.to(cpu)`` on CUDA tensors,
+``torch.cuda.Event/Stream.synchronize``, ``torch.cuda.synchronize``) by call site and the
+host time blocked in them. Syncs inside ``resolve_seq_lens_cpu``, ``filter_batch``,
+``merge_batch``, ``prepare_for_decode`` or ``maybe_wait_verify_done`` (anywhere up the stack)
+are "seq_lens syncs". The wrappers slow the scheduler down: tokens/s of a run with the sync
+probe are not comparable with a run without it; time in a separate run.
 
 Model directories come from ``--models DIR`` (holding ``target/`` and ``draft/`` as written
 by ``make_tiny_models.py``), from ``--target``/``--draft``, or are generated into a
@@ -63,8 +75,10 @@ class Prompt:
     max_new_tokens: int
 
 
-def make_workload(n: int = 16, vocab_size: int = 4096, seed: int = 20251122) -> list[Prompt]:
-    """``n`` prompts of varied lengths (4..~900 tokens) with max_new_tokens 16..128.
+def make_workload(n: int = 16, vocab_size: int = 4096, seed: int = 20251122,
+                  max_new_tokens: int | None = None) -> list[Prompt]:
+    """``n`` prompts of varied lengths (4..~900 tokens) with max_new_tokens 16..128 (or all
+    ``max_new_tokens`` when given).
 
     Token ids avoid 0..2 (pad/bos/eos of the tiny models)."""
     rng = random.Random(seed)
@@ -74,7 +88,7 @@ def make_workload(n: int = 16, vocab_size: int = 4096, seed: int = 20251122) -> 
     for i in range(n):
         length = lengths[i % len(lengths)] + rng.randrange(0, 5)
         ids = [rng.randrange(3, vocab_size) for _ in range(length)]
-        out.append(Prompt(ids, budgets[(i * 7) % len(budgets)]))
+        out.append(Prompt(ids, max_new_tokens or budgets[(i * 7) % len(budgets)]))
     return out
 
 
@@ -237,6 +251,155 @@ def read_probe_dir(directory: Path) -> list[dict[str, Any]]:
     return out
 
 
+def read_sync_dir(directory: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(directory.glob("sync-*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+DECODE_MODE = "DECODE"
+
+
+def _sync_scope(rows: Sequence[dict[str, Any]], iterations: int) -> dict[str, Any]:
+    """Totals, per-iteration means and a per-site breakdown of sync rows over ``iterations``."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        key = (r["site"], r["op"], bool(r["seq_lens"]))
+        m = merged.setdefault(key, {"site": r["site"], "op": r["op"], "seq_lens": bool(r["seq_lens"]),
+                                    "count": 0, "blocked_s": 0.0, "seq_lens_tensor": 0})
+        m["count"] += int(r.get("count", 0))
+        m["blocked_s"] += float(r.get("blocked_s", 0.0))
+        m["seq_lens_tensor"] += int(r.get("seq_lens_tensor", 0))
+    n = iterations
+
+    def per(x: float) -> float | None:
+        return x / n if n else None
+
+    sites = []
+    for m in sorted(merged.values(), key=lambda m: (-m["count"], m["site"], m["op"])):
+        sites.append(dict(m, per_iteration=per(m["count"]),
+                          blocked_ms_per_iteration=per(m["blocked_s"] * 1e3),
+                          mean_us=(m["blocked_s"] * 1e6 / m["count"]) if m["count"] else None))
+    syncs = sum(m["count"] for m in merged.values())
+    seq = sum(m["count"] for m in merged.values() if m["seq_lens"])
+    blocked = sum(m["blocked_s"] for m in merged.values()) * 1e3
+    seq_blocked = sum(m["blocked_s"] for m in merged.values() if m["seq_lens"]) * 1e3
+    tensor_hits = sum(m["seq_lens_tensor"] for m in merged.values())
+    return {
+        "iterations": n,
+        "syncs": syncs,
+        "seq_lens_syncs": seq,
+        "seq_lens_tensor_syncs": tensor_hits,
+        "blocked_ms": blocked,
+        "seq_lens_blocked_ms": seq_blocked,
+        "per_iteration": {
+            "syncs": per(syncs),
+            "seq_lens_syncs": per(seq),
+            "seq_lens_tensor_syncs": per(tensor_hits),
+            "blocked_ms": per(blocked),
+            "seq_lens_blocked_ms": per(seq_blocked),
+        },
+        "sites": sites,
+    }
+
+
+def summarize_sync(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Aggregate the sync probe's per-process records (only installed ones: schedulers).
+
+    ``decode``: syncs charged to decode iterations (those opened by a ``run_batch`` of a
+    DECODE batch) per decode iteration; ``all``: every sync after the first ``run_batch``
+    per iteration of any mode."""
+    recs = [r for r in records if r.get("kind") == "sync-probe" and r.get("installed")]
+    iterations: dict[str, int] = {}
+    bs_sum: dict[str, int] = {}
+    rows: list[dict[str, Any]] = []
+    async_d2h: dict[str, int] = {}
+    errors: list[str] = []
+    wrapped: set[str] = set()
+    for r in recs:
+        for k, v in (r.get("iterations") or {}).items():
+            iterations[k] = iterations.get(k, 0) + int(v)
+        for k, v in (r.get("batch_size_sum") or {}).items():
+            bs_sum[k] = bs_sum.get(k, 0) + int(v)
+        rows.extend(r.get("syncs") or [])
+        for k, v in (r.get("async_d2h") or {}).items():
+            async_d2h[k] = async_d2h.get(k, 0) + int(v)
+        errors.extend(r.get("errors") or [])
+        wrapped.update(r.get("wrapped") or [])
+    n_dec = iterations.get(DECODE_MODE, 0)
+    return {
+        "pids": sorted(int(r.get("pid") or 0) for r in recs),
+        "proctitles": sorted({str(r.get("proctitle")) for r in recs}),
+        "wrapped": sorted(wrapped),
+        "errors": errors,
+        "iterations": iterations,
+        "decode_iterations": n_dec,
+        "mean_decode_batch_size": (bs_sum.get(DECODE_MODE, 0) / n_dec) if n_dec else None,
+        "decode": _sync_scope([x for x in rows if x.get("mode") == DECODE_MODE], n_dec),
+        "all": _sync_scope(rows, sum(iterations.values())),
+        "async_d2h": async_d2h,
+    }
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def format_sync_report(runs: dict[str, dict[str, Any]], max_sites: int = 12) -> list[str]:
+    """Per run: decode-iteration totals and the per-site breakdown of the sync probe."""
+    lines = ["host syncs per decode iteration (sync probe; scheduler thread; seq_lens = by call site):"]
+    for name, run in runs.items():
+        sy = run.get("sync")
+        if not sy:
+            lines.append(f"  {name}: no sync-probe data")
+            continue
+        d = sy["decode"]
+        pi = d["per_iteration"]
+        lines.append(
+            f"  {name}: {sy['decode_iterations']} decode iterations (mean bs {_fmt(sy['mean_decode_batch_size'], '.1f')}); "
+            f"per decode iteration: {_fmt(pi['syncs'])} syncs, {_fmt(pi['seq_lens_syncs'])} seq_lens syncs, "
+            f"{_fmt(pi['blocked_ms'], '.3f')} ms blocked ({_fmt(pi['seq_lens_blocked_ms'], '.3f')} ms on seq_lens); "
+            f"seq_lens-tensor syncs {_fmt(pi['seq_lens_tensor_syncs'])}; all modes {sy['all']['syncs']} syncs / "
+            f"{sy['all']['iterations']} iterations {sy['iterations']}"
+        )
+        for site in d["sites"][:max_sites]:
+            lines.append(
+                f"      {'S' if site['seq_lens'] else ' '} {_fmt(site['per_iteration']):>6}/it "
+                f"{_fmt(site['blocked_ms_per_iteration'], '.3f'):>8} ms/it {_fmt(site['mean_us'], '.1f'):>8} us/call  "
+                f"{site['op']:<26} {site['site']}"
+            )
+        if len(d["sites"]) > max_sites:
+            lines.append(f"      ... {len(d['sites']) - max_sites} more sites in the JSON")
+        if sy["errors"]:
+            lines.append(f"      probe errors: {sy['errors'][:3]}")
+    return lines
+
+
+_TRIM_KEEP = re.compile(
+    r"sglang_futuremap_patch|Traceback|Error|ERROR|CRITICAL|WARNING|Failed|FAILED|killed after|"
+    r"^worker |^engine kwargs|smoke-probe|^\s+File \"", re.M)
+
+
+def trim_log(text: str, max_lines: int = 60, tail: int = 15) -> str:
+    """The lines of a run log worth keeping in a summary: plugin lines, errors, warnings,
+    tracebacks and the worker's own lines (at most ``max_lines``), then the last ``tail``
+    lines."""
+    lines = text.splitlines()
+    if len(lines) <= max_lines + tail:
+        return "\n".join(ln[:400] for ln in lines)
+    kept = [ln for ln in lines if _TRIM_KEEP.search(ln)]
+    out = kept[:max_lines]
+    if len(kept) > max_lines:
+        out.append(f"... {len(kept) - max_lines} more matching lines")
+    out.append(f"--- last {min(tail, len(lines))} of {len(lines)} lines ---")
+    out.extend(lines[-tail:] if tail else [])
+    return "\n".join(ln[:400] for ln in out)
+
+
 @dataclass
 class Check:
     name: str
@@ -250,9 +413,12 @@ def evaluate(
     patched: dict[str, Any],
     *,
     max_cyclic_fraction: float = 0.5,
+    sync_probe: bool = False,
+    expect_zero_seq_lens_syncs: bool = False,
 ) -> tuple[list[Check], list[PromptResult]]:
     """All pass/fail decisions, from each run's dict: ``result`` (worker JSON or None),
-    ``returncode``, ``log`` (LogFindings) and ``probe`` (ProbeSummary)."""
+    ``returncode``, ``log`` (LogFindings), ``probe`` (ProbeSummary) and, with
+    ``sync_probe``, ``sync`` (:func:`summarize_sync`)."""
     checks: list[Check] = []
     s_res, p_res = stock.get("result"), patched.get("result")
     s_out = (s_res or {}).get("outputs", [])
@@ -302,6 +468,21 @@ def evaluate(
                         f"{s_probe.scheduler_calls} calls"))
     checks.append(Check(f"patched run never calls {PROBE_FUNC}", bool(p_probe.scheduler_pids) and p_probe.total_calls == 0,
                         f"{p_probe.total_calls} calls in all processes ({p_probe.scheduler_calls} in schedulers)"))
+    if sync_probe:
+        for name, run in (("stock", stock), ("patched", patched)):
+            sy = run.get("sync") or {}
+            n = int(sy.get("decode_iterations") or 0)
+            checks.append(Check(f"sync probe: {name} decode iterations counted", n > 0 and bool(sy.get("wrapped")),
+                                f"{n} decode iterations in pids {sy.get('pids')}; {len(sy.get('wrapped') or [])} "
+                                f"entry points wrapped" + (f"; errors {sy['errors'][:2]}" if sy.get("errors") else "")))
+    if expect_zero_seq_lens_syncs:
+        sy = patched.get("sync") or {}
+        dec = sy.get("decode") or {}
+        n = int(sy.get("decode_iterations") or 0)
+        seq = dec.get("seq_lens_syncs")
+        sites = sorted({x["site"] for x in dec.get("sites", []) if x.get("seq_lens")})
+        checks.append(Check("patched: 0 seq_lens syncs per decode iteration", n > 0 and seq == 0,
+                            f"{seq} seq_lens syncs in {n} decode iterations" + (f" at {sites}" if sites else "")))
     return checks, results
 
 
@@ -325,6 +506,9 @@ def format_report(checks: Sequence[Check], results: Sequence[PromptResult], runs
             )
         else:
             lines.append(f"{name}: no result (returncode {run.get('returncode')})")
+    if any(run.get("sync") is not None for run in runs.values()):
+        lines.extend(format_sync_report(runs))
+        lines.append("(sync probe on: the tok/s above include the probe's overhead; time in a run without it)")
     lines.append("checks:")
     for c in checks:
         lines.append(f"  [{'PASS' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
@@ -336,8 +520,9 @@ def format_report(checks: Sequence[Check], results: Sequence[PromptResult], runs
 
 
 def engine_kwargs(target: str, draft: str, *, cuda_graph: bool, mem_fraction: float, seed: int,
-                  cuda_graph_max_bs: int = 32) -> dict[str, Any]:
-    """``sglang.Engine`` keyword arguments: STANDALONE spec v2, triton, greedy-friendly."""
+                  cuda_graph_max_bs: int = 32, attention_backend: str = "triton",
+                  piecewise_cuda_graph: bool = False) -> dict[str, Any]:
+    """``sglang.Engine`` keyword arguments: STANDALONE spec v2, greedy-friendly."""
     kw: dict[str, Any] = {
         "model_path": target,
         "speculative_draft_model_path": draft,
@@ -345,11 +530,11 @@ def engine_kwargs(target: str, draft: str, *, cuda_graph: bool, mem_fraction: fl
         "speculative_num_steps": 3,
         "speculative_eagle_topk": 1,
         "speculative_num_draft_tokens": 4,
-        "attention_backend": "triton",
+        "attention_backend": attention_backend,
         "sampling_backend": "pytorch",
         "grammar_backend": "none",
         "skip_tokenizer_init": True,
-        "disable_piecewise_cuda_graph": True,
+        "disable_piecewise_cuda_graph": not piecewise_cuda_graph,
         "disable_cuda_graph": not cuda_graph,
         "mem_fraction_static": mem_fraction,
         "log_level": "info",
@@ -378,9 +563,13 @@ def worker_main(spec_path: Path) -> int:
 
         # Warm-up (JIT, allocator): not part of the timing nor of the comparison.
         engine.generate(input_ids=[list(range(3, 19))], sampling_params=[params(16)])
+        chunk = int(spec.get("batch_concurrency") or 0) or len(prompts)
         t1 = time.perf_counter()
-        outs = engine.generate(input_ids=[p.input_ids for p in prompts],
-                               sampling_params=[params(p.max_new_tokens) for p in prompts])
+        outs = []
+        for lo in range(0, len(prompts), chunk):
+            part = prompts[lo:lo + chunk]
+            outs.extend(engine.generate(input_ids=[p.input_ids for p in part],
+                                        sampling_params=[params(p.max_new_tokens) for p in part]))
         elapsed = time.perf_counter() - t1
         outputs = [list(map(int, o["output_ids"])) for o in outs]
         metas = [o.get("meta_info", {}) for o in outs]
@@ -422,8 +611,15 @@ def logging_config() -> dict[str, Any]:
     }
 
 
-def subprocess_env(mode: str, probe_dir: Path, log_config: Path | None) -> dict[str, str]:
+def subprocess_env(mode: str, probe_dir: Path, log_config: Path | None, *, sync_probe: bool = False,
+                   seq_lens_sites: Sequence[str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    for k in ("SMOKE_SYNC_PROBE", "SMOKE_SYNC_SEQ_LENS_SITES"):  # only --sync-probe turns it on
+        env.pop(k, None)
+    if sync_probe:
+        env["SMOKE_SYNC_PROBE"] = "1"
+        if seq_lens_sites:
+            env["SMOKE_SYNC_SEQ_LENS_SITES"] = ",".join(seq_lens_sites)
     env[ENV_MODE] = mode
     env["PYTHONPATH"] = os.pathsep.join([str(PROBE_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env["SMOKE_PROBE_DIR"] = str(probe_dir)
@@ -437,7 +633,8 @@ def subprocess_env(mode: str, probe_dir: Path, log_config: Path | None) -> dict[
 
 
 def run_one(name: str, mode: str, spec: dict[str, Any], work: Path, log_dir: Path, timeout: float,
-            log_config: Path | None) -> dict[str, Any]:
+            log_config: Path | None, *, sync_probe: bool = False,
+            seq_lens_sites: Sequence[str] | None = None) -> dict[str, Any]:
     probe_dir = work / f"probe-{name}"
     probe_dir.mkdir(parents=True, exist_ok=True)
     spec = dict(spec, result_path=str(work / f"result-{name}.json"))
@@ -448,7 +645,8 @@ def run_one(name: str, mode: str, spec: dict[str, Any], work: Path, log_dir: Pat
     print(f"== {name}: {ENV_MODE}={mode}, log {log_path}", flush=True)
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(mode, probe_dir, log_config),
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(mode, probe_dir, log_config, sync_probe=sync_probe,
+                                                   seq_lens_sites=seq_lens_sites),
                                 start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout)
@@ -478,7 +676,27 @@ def run_one(name: str, mode: str, spec: dict[str, Any], work: Path, log_dir: Pat
         "result": result,
         "log": scan_log(text),
         "probe": summarize_probe(read_probe_dir(probe_dir)),
+        "sync": summarize_sync(read_sync_dir(probe_dir)) if sync_probe else None,
         "log_path": str(log_path),
+    }
+
+
+def run_config(args: argparse.Namespace, seq_lens_sites: Sequence[str] | None) -> dict[str, Any]:
+    """The knobs of this run, as recorded in the JSON (``config``)."""
+    return {
+        "attention_backend": args.attention_backend,
+        "piecewise_cuda_graph": args.piecewise_cuda_graph,
+        "cuda_graph": args.cuda_graph,
+        "sync_probe": args.sync_probe,
+        "expect_zero_seq_lens_syncs": args.expect_zero_seq_lens_syncs,
+        "seq_lens_sites": list(seq_lens_sites) if seq_lens_sites else None,
+        "num_prompts": args.num_prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "batch_concurrency": args.batch_concurrency,
+        "seed": args.seed,
+        "mem_fraction": args.mem_fraction,
+        "patched_mode": args.patched_mode,
+        "timeout_s": args.timeout,
     }
 
 
@@ -509,8 +727,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-json", type=Path, help="write the full result here")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="capture (non-piecewise) CUDA graphs (default: on)")
+    p.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"],
+                   help="attention backend (default triton)")
+    p.add_argument("--piecewise-cuda-graph", action=argparse.BooleanOptionalAction, default=False,
+                   help="piecewise CUDA graph (default: off, i.e. disable_piecewise_cuda_graph=True; "
+                        "on costs ~2 min of Engine start)")
     p.add_argument("--mem-fraction", type=float, default=0.3, help="mem_fraction_static (default 0.3)")
     p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="the same max_new_tokens for every prompt (default: 16..128, varied)")
+    p.add_argument("--batch-concurrency", type=int, default=0,
+                   help="send the prompts in generate() calls of this many, one after the other "
+                        "(default 0: all in one call)")
+    p.add_argument("--sync-probe", action="store_true",
+                   help="count host syncs per decode iteration in the scheduler (slows it: not for timing)")
+    p.add_argument("--expect-zero-seq-lens-syncs", action="store_true",
+                   help="with --sync-probe: fail unless the patched run has 0 seq_lens syncs per decode iteration")
+    p.add_argument("--seq-lens-sites", default=None,
+                   help="comma-separated function names whose syncs count as seq_lens syncs (default: "
+                        "resolve_seq_lens_cpu,filter_batch,merge_batch,prepare_for_decode,maybe_wait_verify_done)")
     p.add_argument("--seed", type=int, default=20251122, help="workload seed")
     p.add_argument("--patched-mode", default="strict", choices=["strict", "safe"],
                    help=f"{ENV_MODE} value for the patched run (default strict)")
@@ -526,18 +761,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.worker is not None:
         return worker_main(args.worker)
+    if args.expect_zero_seq_lens_syncs and not args.sync_probe:
+        parser.error("--expect-zero-seq-lens-syncs needs --sync-probe")
+    seq_lens_sites = [x.strip() for x in args.seq_lens_sites.split(",") if x.strip()] if args.seq_lens_sites else None
 
     work = Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
     args.log_dir.mkdir(parents=True, exist_ok=True)
     try:
         target, draft = resolve_models(args, work)
         vocab = json.loads((Path(target) / "config.json").read_text()).get("vocab_size", 4096)
-        prompts = make_workload(args.num_prompts, vocab, args.seed)
-        kw = engine_kwargs(target, draft, cuda_graph=args.cuda_graph, mem_fraction=args.mem_fraction, seed=0)
-        spec = {"prompts": [asdict(p) for p in prompts], "engine_kwargs": kw, "probe_settle_s": 2.0}
+        prompts = make_workload(args.num_prompts, vocab, args.seed, args.max_new_tokens)
+        kw = engine_kwargs(target, draft, cuda_graph=args.cuda_graph, mem_fraction=args.mem_fraction, seed=0,
+                           attention_backend=args.attention_backend, piecewise_cuda_graph=args.piecewise_cuda_graph)
+        settle = float(os.environ.get("SMOKE_PROBE_SETTLE_S", "2.0"))  # the self-test shortens it
+        spec = {"prompts": [asdict(p) for p in prompts], "engine_kwargs": kw, "probe_settle_s": settle,
+                "batch_concurrency": args.batch_concurrency}
+        config = run_config(args, seq_lens_sites)
+        print("config: " + json.dumps(config), flush=True)
         log_config: Path | None = None
         if not args.no_log_config:
             log_config = work / "logging.json"
@@ -546,15 +790,19 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, dict[str, Any]] = {}
         for name, mode in RUNS:
             mode = args.patched_mode if name == "patched" else mode
-            runs[name] = run_one(name, mode, spec, work, args.log_dir, args.timeout, log_config)
+            runs[name] = run_one(name, mode, spec, work, args.log_dir, args.timeout, log_config,
+                                 sync_probe=args.sync_probe, seq_lens_sites=seq_lens_sites)
 
-        checks, results = evaluate(prompts, runs["stock"], runs["patched"], max_cyclic_fraction=args.max_cyclic_fraction)
+        checks, results = evaluate(prompts, runs["stock"], runs["patched"], max_cyclic_fraction=args.max_cyclic_fraction,
+                                   sync_probe=args.sync_probe,
+                                   expect_zero_seq_lens_syncs=args.expect_zero_seq_lens_syncs)
         print(format_report(checks, results, runs), flush=True)
         ok = all(c.ok for c in checks)
         if args.out_json:
             args.out_json.parent.mkdir(parents=True, exist_ok=True)
             doc = {
                 "passed": ok,
+                "config": config,
                 "checks": [asdict(c) for c in checks],
                 "prompts": [asdict(r) for r in results],
                 "engine_kwargs": kw,
@@ -566,6 +814,7 @@ def main(argv: list[str] | None = None) -> int:
                         "log_path": run["log_path"],
                         "log": asdict(run["log"]),
                         "probe": asdict(run["probe"]),
+                        "sync": run.get("sync"),
                         "result": {k: v for k, v in (run["result"] or {}).items() if k != "outputs"} or None,
                         "outputs": (run["result"] or {}).get("outputs"),
                     }

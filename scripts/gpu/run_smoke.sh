@@ -10,7 +10,9 @@
 #   SMOKE_SITE          pip --target for the plugin when .gpu/activate.sh is used (default /tmp/site312)
 #   SMOKE_SKIP_INSTALL  1: do not pip-install the plugin (it is installed already)
 #   SMOKE_MODELS        where to write the tiny models (default: a fresh temporary folder)
-#   SMOKE_ARGS          extra arguments for gpu_smoke.py, e.g. "--no-cuda-graph"
+#   SMOKE_ARGS          extra arguments for gpu_smoke.py, e.g. "--no-cuda-graph",
+#                       "--attention-backend flashinfer", "--sync-probe" (see gpu_smoke.py --help;
+#                       several configurations in one command: scripts/gpu/run_matrix.sh)
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -14,6 +14,9 @@ Inactive unless ``SMOKE_PROBE_DIR`` is set. When active it
 * writes ``probe-<pid>.json`` into ``SMOKE_PROBE_DIR``: at exit, and from a daemon timer
   every ``SMOKE_PROBE_FLUSH_S`` seconds when something changed (SGLang SIGKILLs its
   scheduler at shutdown, so ``atexit`` alone would lose the counts);
+* with ``SMOKE_SYNC_PROBE=1``, loads ``smoke_sync_probe.py`` from this folder: a host-sync
+  counter that hooks every function named ``run_batch`` through the same mechanism and wraps
+  torch's sync entry points in the scheduler process only (see that module);
 * unless ``SMOKE_PROBE_PLUGIN_LOG=0``, gives the ``sglang_futuremap_patch`` logger its own
   stderr handler whose format carries the level and pid, so the plugin's startup line has
   a parseable level even in a scheduler process where SGLang has not configured logging
@@ -44,6 +47,24 @@ def _install() -> None:
         interval = 0.5
 
     counts: dict = {}  # code object -> calls
+    hooks: dict = {}  # co_name -> [fn(frame)]: called with the frame of every call of such a function
+
+    if os.environ.get("SMOKE_SYNC_PROBE") == "1":
+        import importlib.util
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        spec = importlib.util.spec_from_file_location("smoke_sync_probe", os.path.join(here, "smoke_sync_probe.py"))
+        sync_probe = importlib.util.module_from_spec(spec)
+        sys.modules["smoke_sync_probe"] = sync_probe
+        spec.loader.exec_module(sync_probe)
+        sync_probe.install_from_env(lambda name, fn: hooks.setdefault(name, []).append(fn))
+
+    def _run_hooks(name, frame) -> None:
+        for fn in hooks.get(name, ()):
+            try:
+                fn(frame)
+            except Exception:
+                pass
     state: dict = {"written": None, "mechanism": "none", "lock": threading.Lock()}
 
     def _qualname(code) -> str:
@@ -108,10 +129,21 @@ def _install() -> None:
             DISABLE = monitoring.DISABLE
 
             def on_start(code, offset):  # noqa: ARG001
-                if code.co_name in names:
+                name = code.co_name
+                hit = False
+                if name in names:
                     counts[code] = counts.get(code, 0) + 1
-                    return None
-                return DISABLE
+                    hit = True
+                if name in hooks:
+                    frame = sys._getframe(1)  # the frame being started (checked, to be safe)
+                    for _ in range(3):
+                        if frame is None or frame.f_code is code:
+                            break
+                        frame = frame.f_back
+                    if frame is not None and frame.f_code is code:
+                        _run_hooks(name, frame)
+                    hit = True
+                return None if hit else DISABLE
 
             monitoring.register_callback(tool_id, monitoring.events.PY_START, on_start)
             monitoring.set_events(tool_id, monitoring.events.PY_START)
@@ -124,6 +156,8 @@ def _install() -> None:
                 code = frame.f_code
                 if code.co_name in names:
                     counts[code] = counts.get(code, 0) + 1
+                if code.co_name in hooks:
+                    _run_hooks(code.co_name, frame)
 
         sys.setprofile(profiler)
         threading.setprofile(profiler)
