@@ -1,0 +1,1485 @@
+#!/usr/bin/env python3
+"""Decode benchmark: stock SGLang 0.5.12.post1 vs. sglang_futuremap_patch (issue 6).
+
+Spec v2 (overlap scheduler), STANDALONE speculative decoding, 3 steps, topk 1, 4 draft
+tokens, greedy, ``ignore_eos``, dummy weights (``load_format="dummy"``, config.json only).
+
+Cases are (model, backend):
+
+* models:   ``tiny`` -- 4-layer Llama, hidden 512, vocab 4096; draft = target (accept 4.0);
+            ``8b``   -- 8B-shaped Llama target (hidden 4096, inter 14336, 32 layers, 32/8
+                        heads, vocab 32000) + a 1-layer draft of the same width.
+* backends: ``triton-nopcg`` -- triton attention, ``disable_piecewise_cuda_graph=True``;
+            ``triton-pcg``   -- triton attention, piecewise CUDA graph on (SGLang's default
+                                in 0.5.12.post1: ``disable_piecewise_cuda_graph=False``);
+            ``flashinfer``   -- flashinfer attention, piecewise CUDA graph off;
+            ``flashinfer-pcg`` -- flashinfer attention, piecewise CUDA graph on.
+
+For every case the variants run alternately, each Engine in its own subprocess (its own
+process group), so no plugin state leaks: stock, patched, stock, patched, ... (``--reps``).
+``stock`` = ``SGLANG_FUTUREMAP_PATCH=off``, ``patched`` = ``strict``. Inside one Engine:
+a warm-up per batch size, then for each batch size ``bs`` and each of ``--trials`` trials:
+
+* a prefill-only request set (``bs`` fresh prompts, ``max_new_tokens=1``), timed: ``t1``;
+* a decode request set (``bs`` fresh prompts, ``max_new_tokens=N``), timed: ``tN``.
+
+Decode tok/s = ``bs * (N - 1) / (tN - t1)``; TPOT = ``(tN - t1) / (N - 1)``. Prompts have
+identical length and fixed token ids (a seed per batch size, trial and kind), fresh for every
+call so the radix cache never hits, and identical for stock and patched. Accept length =
+sum(completion_tokens) / sum(spec_verify_ct) from ``meta_info``.
+
+Extra passes, per case:
+
+* ``--probe`` (default on): one Engine per variant, untimed, with a sync probe in the
+  scheduler process (``scripts/gpu_probe/smoke_sync_probe.py``, i.e. ``gpu_smoke.py
+  --sync-probe``, read as cumulative snapshots after each batch size; or, with
+  ``--sync-probe-impl own`` or when that file is missing, the minimal probe in this file):
+  host time blocked in CUDA syncs (``Event/Stream.synchronize``,
+  ``torch.cuda.synchronize``, ``Tensor.item/tolist/cpu/__bool__/__int__/__float__`` and
+  ``Tensor.to``/``copy_`` to the host, on CUDA tensors), per decode iteration (an iteration
+  = the time from one ``Scheduler.run_batch`` to the next, wrapped after the plugins load,
+  counted when its batch is DECODE), per batch size and call site.
+* ``--profile`` (optional): in the last timed repetition of each variant (after the timed
+  work) a torch-profiler trace (``engine.start_profile``/``stop_profile``, GPU activity
+  only) of one decode run per ``--profile-batch-sizes``; the GPU idle fraction is 1 - the
+  union of kernel/memcpy/memset intervals over the decode window (the kernel span with its
+  first ``--profile-trim-head`` and last ``--profile-trim-tail`` fractions cut, which drops
+  the prefill).
+
+Every Engine's log is scanned for the plugin's startup lines (``applied`` in the scheduler
+process for patched, ``disabled`` for stock); a run that fails the check is kept in the
+JSON but left out of the medians. The JSON (``--out``) is rewritten after every Engine run,
+so a run cut short by the device's time limit keeps what it has; ``--deadline-s`` stops
+starting Engines that would not finish in time.
+
+Merge and plot several result files with ``scripts/plot_bench.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gzip
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+HERE = Path(__file__).resolve().parent
+SCHEMA = "bench_spec_v2/1"
+ENV_MODE = "SGLANG_FUTUREMAP_PATCH"
+VARIANTS: tuple[tuple[str, str], ...] = (("stock", "off"), ("patched", "strict"))
+SYNC_PROBE_ENV = "BENCH_SYNC_PROBE_DIR"
+SYNC_PHASE_FILE = "phase.txt"
+SCHEDULER_TITLE = "sglang::scheduler"
+DECODE_MODES = frozenset({"DECODE", "TARGET_VERIFY"})
+
+SPEC = {
+    "speculative_algorithm": "STANDALONE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+}
+
+# (attention backend, piecewise CUDA graph on?)
+BACKENDS: dict[str, tuple[str, bool]] = {
+    "triton-nopcg": ("triton", False),
+    "triton-pcg": ("triton", True),
+    "flashinfer": ("flashinfer", False),
+    "flashinfer-pcg": ("flashinfer", True),
+}
+MODELS = ("tiny", "8b")
+MEM_FRACTION = {"tiny": 0.3, "8b": 0.55}
+# First guess of one Engine run's wall time (start + work + shutdown), seconds, before any
+# run of the case has been seen; used only by the --deadline-s logic.
+FIRST_GUESS_S = {
+    ("tiny", False): 75.0,
+    ("tiny", True): 180.0,
+    ("8b", False): 120.0,
+    ("8b", True): 240.0,
+}
+
+
+# ============================================================================ pure helpers
+
+
+def _scripts_on_path() -> None:
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+
+
+def parse_int_list(text: str) -> list[int]:
+    out = []
+    for part in str(text).replace(" ", "").split(","):
+        if part:
+            v = int(part)
+            if v <= 0:
+                raise ValueError(f"not a positive integer: {part}")
+            out.append(v)
+    if not out:
+        raise ValueError("empty list")
+    return out
+
+
+def parse_name_list(text: str, allowed: Iterable[str]) -> list[str]:
+    allowed = list(allowed)
+    out = [p for p in str(text).replace(" ", "").split(",") if p]
+    for p in out:
+        if p not in allowed:
+            raise ValueError(f"unknown name {p!r}; choose from {allowed}")
+    return out
+
+
+def model_configs(model: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(target config.json, draft config.json or None for draft = target)."""
+    _scripts_on_path()
+    from make_tiny_models import llama_config
+
+    if model == "tiny":
+        return llama_config(), None
+    if model == "8b":
+        shape = dict(hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, head_dim=128,
+                     vocab_size=32000, max_position_embeddings=4096, rope_theta=500000.0)
+        return llama_config(num_layers=32, **shape), llama_config(num_layers=1, **shape)
+    raise ValueError(f"unknown model {model!r}")
+
+
+def write_model_dirs(model: str, root: Path) -> tuple[str, str]:
+    """config.json-only model directories (dummy weights); returns (target, draft) paths."""
+    tcfg, dcfg = model_configs(model)
+    tdir = root / model / "target"
+    tdir.mkdir(parents=True, exist_ok=True)
+    (tdir / "config.json").write_text(json.dumps(tcfg, indent=1) + "\n")
+    if dcfg is None:
+        return str(tdir), str(tdir)
+    ddir = root / model / "draft"
+    ddir.mkdir(parents=True, exist_ok=True)
+    (ddir / "config.json").write_text(json.dumps(dcfg, indent=1) + "\n")
+    return str(tdir), str(ddir)
+
+
+def engine_kwargs(model: str, backend: str, target: str, draft: str, batch_sizes: Sequence[int], *,
+                  mem_fraction: float | None = None, pcg_max_tokens: int | None = None,
+                  seed: int = 0, log_level: str = "info") -> dict[str, Any]:
+    attn, pcg = BACKENDS[backend]
+    bss = sorted(set(int(b) for b in batch_sizes))
+    kw: dict[str, Any] = {
+        "model_path": target,
+        "speculative_draft_model_path": draft,
+        **SPEC,
+        "attention_backend": attn,
+        "sampling_backend": "pytorch",
+        "grammar_backend": "none",
+        "skip_tokenizer_init": True,
+        "load_format": "dummy",
+        "disable_piecewise_cuda_graph": not pcg,
+        "disable_cuda_graph": False,
+        "cuda_graph_bs": bss,
+        "cuda_graph_max_bs": max(bss),
+        "mem_fraction_static": mem_fraction if mem_fraction is not None else MEM_FRACTION[model],
+        "log_level": log_level,
+        "random_seed": seed,
+    }
+    if pcg and pcg_max_tokens:
+        kw["piecewise_cuda_graph_max_tokens"] = int(pcg_max_tokens)
+    return kw
+
+
+def make_prompts(bs: int, prompt_len: int, vocab: int, *, tag: str, seed: int = 6) -> list[list[int]]:
+    """``bs`` prompts of exactly ``prompt_len`` token ids in [3, vocab), fixed by (seed, tag)."""
+    rng = random.Random(f"{seed}:{tag}:{bs}:{prompt_len}")
+    return [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(bs)]
+
+
+def accept_length(metas: Sequence[dict[str, Any]]) -> float | None:
+    """sum(completion_tokens) / sum(spec_verify_ct); falls back to the mean of
+    ``spec_accept_length`` when the counts are missing."""
+    comp = [m.get("completion_tokens") for m in metas]
+    ver = [m.get("spec_verify_ct") for m in metas]
+    if metas and all(isinstance(c, (int, float)) for c in comp) and all(isinstance(v, (int, float)) for v in ver):
+        if sum(ver) > 0:
+            return float(sum(comp)) / float(sum(ver))
+    acc = [m["spec_accept_length"] for m in metas if isinstance(m.get("spec_accept_length"), (int, float))]
+    return sum(acc) / len(acc) if acc else None
+
+
+def decode_metrics(bs: int, max_new_tokens: int, t_prefill_s: float, t_total_s: float,
+                   metas: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One trial: decode tok/s and TPOT with the prefill-only time subtracted."""
+    n_dec = max_new_tokens - 1
+    dec_s = t_total_s - t_prefill_s
+    ok = dec_s > 0 and n_dec > 0
+    comp = [m.get("completion_tokens") for m in metas]
+    return {
+        "bs": bs,
+        "max_new_tokens": max_new_tokens,
+        "t_prefill_s": t_prefill_s,
+        "t_total_s": t_total_s,
+        "decode_s": dec_s,
+        "decode_tok_s": (bs * n_dec / dec_s) if ok else None,
+        "tpot_ms": (1000.0 * dec_s / n_dec) if ok else None,
+        "e2e_tok_s": (bs * max_new_tokens / t_total_s) if t_total_s > 0 else None,
+        "accept_length": accept_length(metas),
+        "completion_tokens": comp,
+        "short_outputs": sum(1 for c in comp if isinstance(c, int) and c != max_new_tokens),
+        "cached_tokens": sum(int(m.get("cached_tokens") or 0) for m in metas),
+    }
+
+
+def quantile(sorted_vals: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default) of already sorted values."""
+    n = len(sorted_vals)
+    if n == 0:
+        raise ValueError("no values")
+    pos = (n - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+def spread(values: Iterable[float | None]) -> dict[str, Any] | None:
+    vals = sorted(float(v) for v in values if v is not None)
+    if not vals:
+        return None
+    return {
+        "n": len(vals),
+        "median": statistics.median(vals),
+        "min": vals[0],
+        "max": vals[-1],
+        "q1": quantile(vals, 0.25),
+        "q3": quantile(vals, 0.75),
+        "values": vals,
+    }
+
+
+def _med(values: Iterable[float | None]) -> float | None:
+    s = spread(values)
+    return s["median"] if s else None
+
+
+def run_bs_value(run: dict[str, Any], bs: int, key: str) -> float | None:
+    """A run's value for one batch size: the median over its trials."""
+    b = ((run.get("result") or {}).get("batches") or {}).get(str(bs)) or {}
+    return _med(t.get(key) for t in b.get("trials", []))
+
+
+def case_key(model: str, backend: str) -> str:
+    return f"{model}/{backend}"
+
+
+def timed_runs(case: dict[str, Any], variant: str) -> list[dict[str, Any]]:
+    return [r for r in case.get("runs", []) if r.get("variant") == variant and r.get("pass") == "timed"
+            and r.get("valid") and r.get("result")]
+
+
+def _rep_id(run: dict[str, Any]) -> tuple[Any, Any]:
+    return (run.get("source"), run.get("rep"))
+
+
+def summarize_probe_block(probe: dict[str, Any] | None, bs: int) -> dict[str, Any] | None:
+    if not probe:
+        return None
+    return (probe.get("by_bs") or {}).get(str(bs))
+
+
+def summarize_case(case: dict[str, Any]) -> dict[str, Any]:
+    """Medians, spreads and ratios per batch size, from the raw runs of one case."""
+    bss = sorted({int(b) for r in case.get("runs", []) for b in ((r.get("result") or {}).get("batches") or {})})
+    stock, patched = timed_runs(case, "stock"), timed_runs(case, "patched")
+    out: dict[str, Any] = {"batch_sizes": bss, "n_runs": {"stock": len(stock), "patched": len(patched)},
+                           "invalid_runs": sum(1 for r in case.get("runs", []) if not r.get("valid")),
+                           "by_bs": {}}
+    for bs in bss:
+        row: dict[str, Any] = {}
+        for name, runs in (("stock", stock), ("patched", patched)):
+            row[name] = {
+                key: spread(run_bs_value(r, bs, key) for r in runs)
+                for key in ("decode_tok_s", "tpot_ms", "accept_length", "e2e_tok_s")
+            }
+        s_med = (row["stock"]["decode_tok_s"] or {}).get("median")
+        p_med = (row["patched"]["decode_tok_s"] or {}).get("median")
+        row["ratio"] = (p_med / s_med) if s_med and p_med else None
+        # Paired ratios: the k-th patched run against the k-th stock run of the same source
+        # (they ran back to back, so slow drift of the machine cancels).
+        s_by = {_rep_id(r): run_bs_value(r, bs, "decode_tok_s") for r in stock}
+        pairs = []
+        for r in patched:
+            s = s_by.get(_rep_id(r))
+            p = run_bs_value(r, bs, "decode_tok_s")
+            if s and p:
+                pairs.append(p / s)
+        row["paired_ratio"] = spread(pairs)
+        probes = case.get("probe") or {}
+        ps = summarize_probe_block(probes.get("stock"), bs)
+        pp = summarize_probe_block(probes.get("patched"), bs)
+        row["blocked_ms_per_iter"] = {"stock": (ps or {}).get("blocked_ms_per_iter"),
+                                      "patched": (pp or {}).get("blocked_ms_per_iter")}
+        row["verify_done_ms_per_iter"] = {"stock": (ps or {}).get("verify_done_ms_per_iter"),
+                                          "patched": (pp or {}).get("verify_done_ms_per_iter")}
+        row["syncs_per_iter"] = {"stock": (ps or {}).get("syncs_per_iter"),
+                                 "patched": (pp or {}).get("syncs_per_iter")}
+        row["seq_lens_syncs_per_iter"] = {"stock": (ps or {}).get("seq_lens_syncs_per_iter"),
+                                          "patched": (pp or {}).get("seq_lens_syncs_per_iter")}
+        bs_, bp_ = row["blocked_ms_per_iter"]["stock"], row["blocked_ms_per_iter"]["patched"]
+        row["blocked_reduction"] = (1.0 - bp_ / bs_) if bs_ and bp_ is not None and bs_ > 0 else None
+        prof = case.get("profile") or {}
+        row["idle_fraction"] = {
+            v: _med(p.get("idle_fraction") for p in prof.get(v, []) if int(p.get("bs", -1)) == bs)
+            for v in ("stock", "patched")
+        }
+        out["by_bs"][str(bs)] = row
+    return out
+
+
+TARGET_BS1 = 1.10
+TARGET_ELSEWHERE = 0.99
+TARGET_BLOCKED_REDUCTION = 0.90
+
+
+def evaluate_targets(cases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's goals: ratio >= 1.10 at bs 1 on triton-nopcg, >= 0.99 elsewhere,
+    blocked host time per decode iteration down >= 90%."""
+    out = []
+    for case in cases:
+        summ = case.get("summary") or summarize_case(case)
+        for bs_s, row in summ["by_bs"].items():
+            bs = int(bs_s)
+            name = f"{case['model']}/{case['backend']} bs {bs}"
+            ratio = row.get("ratio")
+            if case["backend"] == "triton-nopcg" and bs == 1:
+                goal, label = TARGET_BS1, "decode tok/s ratio >= 1.10"
+            else:
+                goal, label = TARGET_ELSEWHERE, "decode tok/s ratio >= 0.99"
+            out.append({"case": name, "target": label, "value": ratio,
+                        "met": None if ratio is None else ratio >= goal})
+            red = row.get("blocked_reduction")
+            if red is not None or any(v is not None for v in row["blocked_ms_per_iter"].values()):
+                out.append({"case": name, "target": "blocked ms/iter down >= 90%", "value": red,
+                            "met": None if red is None else red >= TARGET_BLOCKED_REDUCTION})
+    return out
+
+
+# ---------------------------------------------------------------------------- traces
+
+
+def union_length(intervals: Iterable[tuple[float, float]], lo: float | None = None, hi: float | None = None) -> float:
+    """Length of the union of [start, end) intervals, clipped to [lo, hi] when given."""
+    segs = []
+    for a, b in intervals:
+        if lo is not None:
+            a = max(a, lo)
+        if hi is not None:
+            b = min(b, hi)
+        if b > a:
+            segs.append((a, b))
+    segs.sort()
+    total = 0.0
+    cur_a = cur_b = None
+    for a, b in segs:
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None:
+        total += cur_b - cur_a
+    return total
+
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def gpu_intervals(trace: dict[str, Any] | list[Any], cats: Sequence[str] = GPU_CATS) -> list[tuple[float, float]]:
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    out = []
+    wanted = {c.lower() for c in cats}
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue
+        if str(ev.get("cat", "")).lower() not in wanted:
+            continue
+        try:
+            ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            continue
+        out.append((ts, ts + max(dur, 0.0)))
+    return out
+
+
+def idle_fraction(intervals: Sequence[tuple[float, float]], trim_head: float = 0.15,
+                  trim_tail: float = 0.05) -> dict[str, Any] | None:
+    """GPU idle fraction over the decode window: the span from the first GPU interval's start
+    to the last one's end, less ``trim_head`` at the front (prefill) and ``trim_tail`` at the
+    end (last iteration, result copies)."""
+    if not intervals:
+        return None
+    t0 = min(a for a, _ in intervals)
+    t1 = max(b for _, b in intervals)
+    span = t1 - t0
+    if span <= 0:
+        return None
+    lo, hi = t0 + trim_head * span, t1 - trim_tail * span
+    if hi <= lo:
+        return None
+    busy = union_length(intervals, lo, hi)
+    n_in = sum(1 for a, b in intervals if b > lo and a < hi)
+    return {"idle_fraction": 1.0 - busy / (hi - lo), "window_us": hi - lo, "busy_us": busy,
+            "span_us": span, "events_in_window": n_in, "events": len(intervals)}
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------------------- logs & probes
+
+
+def scan_plugin_log(text: str) -> dict[str, Any]:
+    _scripts_on_path()
+    from gpu_smoke import scan_log
+
+    f = scan_log(text)
+    return {"applied_pids": f.applied_pids, "applied_lines": f.applied_lines, "disabled_lines": f.disabled_lines,
+            "bad_lines": f.bad_lines[:10]}
+
+
+def run_validity(variant: str, log: dict[str, Any], scheduler_pids: Sequence[int], main_pid: int | None) -> tuple[bool, str]:
+    """Was the plugin really off (stock) / on in every process (patched)?"""
+    if variant == "stock":
+        ok = log["applied_lines"] == 0 and log["disabled_lines"] >= 1 and not log["bad_lines"]
+        return ok, f"{log['disabled_lines']} disabled / {log['applied_lines']} applied lines"
+    need = set(scheduler_pids) | ({main_pid} if main_pid else set())
+    missing = sorted(need - set(log["applied_pids"]))
+    ok = bool(scheduler_pids) and not missing and not log["bad_lines"] and log["applied_lines"] > 0
+    detail = f"applied by {log['applied_pids']}; schedulers {list(scheduler_pids)}"
+    if missing:
+        detail += f"; missing {missing}"
+    if log["bad_lines"]:
+        detail += f"; bad lines: {log['bad_lines'][:2]}"
+    return ok, detail
+
+
+def _site_is_verify_done(site: str) -> bool:
+    return "verify_done" in site
+
+
+def summarize_sync_records(records: Iterable[dict[str, Any]], top: int = 6) -> dict[str, Any] | None:
+    """Per batch size: blocked host ms and syncs per decode iteration in the scheduler,
+    plus the call sites that block longest. Records come from the sync probe (one per
+    process, ``sync-<pid>.json``)."""
+    recs = [r for r in records if r.get("iterations")]
+    if not recs:
+        return None
+    by_bs: dict[str, Any] = {}
+    phases = sorted({p for r in recs for p in r["iterations"]})
+    for phase in phases:
+        if not phase.startswith("bs="):
+            continue
+        iters = 0
+        blocked_s = 0.0
+        calls = 0
+        vd_s = 0.0
+        sites: dict[str, list[float]] = {}
+        for r in recs:
+            for mode, n in (r["iterations"].get(phase) or {}).items():
+                if mode in DECODE_MODES:
+                    iters += int(n)
+            for mode, per_site in (r.get("blocked", {}).get(phase) or {}).items():
+                if mode not in DECODE_MODES:
+                    continue
+                for site, (c, s) in per_site.items():
+                    calls += int(c)
+                    blocked_s += float(s)
+                    if _site_is_verify_done(site):
+                        vd_s += float(s)
+                    e = sites.setdefault(site, [0, 0.0])
+                    e[0] += int(c)
+                    e[1] += float(s)
+        if iters == 0:
+            continue
+        top_sites = sorted(sites.items(), key=lambda kv: -kv[1][1])[:top]
+        by_bs[phase[3:]] = {
+            "decode_iters": iters,
+            "blocked_ms_per_iter": 1000.0 * blocked_s / iters,
+            "verify_done_ms_per_iter": 1000.0 * vd_s / iters,
+            "syncs_per_iter": calls / iters,
+            "top_sites": [{"site": s, "calls_per_iter": c / iters, "ms_per_iter": 1000.0 * t / iters}
+                          for s, (c, t) in top_sites],
+        }
+    return {"pids": sorted(r.get("pid") for r in recs), "by_bs": by_bs}
+
+
+def _smoke_flat(rec: dict[str, Any]) -> tuple[dict[str, int], dict[tuple[str, str], list[Any]]]:
+    iters = {str(k): int(v) for k, v in (rec.get("iterations") or {}).items()}
+    syncs: dict[tuple[str, str], list[Any]] = {}
+    for e in rec.get("syncs") or []:
+        key = (str(e.get("mode")), f"{e.get('op')} @ {e.get('site')}")
+        slot = syncs.setdefault(key, [0, 0.0, bool(e.get("seq_lens"))])
+        slot[0] += int(e.get("count", 0))
+        slot[1] += float(e.get("blocked_s", 0.0))
+    return iters, syncs
+
+
+def summarize_sync_snapshots(snapshots: Sequence[dict[str, Any]], top: int = 6) -> dict[str, Any] | None:
+    """Per batch size, from cumulative snapshots of ``scripts/gpu_probe/smoke_sync_probe.py``
+    (``sync-<pid>.json`` read by the worker after the warm-up and after each batch size):
+    the difference between consecutive snapshots is one phase's syncs and iterations."""
+    if not snapshots:
+        return None
+    by_bs: dict[str, Any] = {}
+    prev: dict[str, tuple[dict[str, int], dict[tuple[str, str], list[Any]]]] = {}
+    pids: set[Any] = set()
+    for snap in snapshots:
+        cur = {pid: _smoke_flat(rec) for pid, rec in (snap.get("records") or {}).items()}
+        phase = str(snap.get("phase", ""))
+        if phase.startswith("bs="):
+            iters = 0
+            calls = 0
+            blocked = vd = sl = 0.0
+            sl_calls = 0
+            sites: dict[str, list[float]] = {}
+            for pid, (it, sy) in cur.items():
+                p_it, p_sy = prev.get(pid, ({}, {}))
+                iters += sum(n - p_it.get(m, 0) for m, n in it.items() if m in DECODE_MODES)
+                for (mode, site), (c, b, is_sl) in sy.items():
+                    if mode not in DECODE_MODES:
+                        continue
+                    pc, pb = (p_sy.get((mode, site)) or [0, 0.0])[:2]
+                    dc, db = c - pc, b - pb
+                    if dc <= 0:
+                        continue
+                    calls += dc
+                    blocked += db
+                    if _site_is_verify_done(site):
+                        vd += db
+                    if is_sl:
+                        sl += db
+                        sl_calls += dc
+                    e = sites.setdefault(site, [0, 0.0])
+                    e[0] += dc
+                    e[1] += db
+            if iters > 0:
+                pids.update(cur)
+                top_sites = sorted(sites.items(), key=lambda kv: -kv[1][1])[:top]
+                by_bs[phase[3:]] = {
+                    "decode_iters": iters,
+                    "blocked_ms_per_iter": 1000.0 * blocked / iters,
+                    "verify_done_ms_per_iter": 1000.0 * vd / iters,
+                    "seq_lens_ms_per_iter": 1000.0 * sl / iters,
+                    "seq_lens_syncs_per_iter": sl_calls / iters,
+                    "syncs_per_iter": calls / iters,
+                    "top_sites": [{"site": st, "calls_per_iter": c / iters, "ms_per_iter": 1000.0 * t / iters}
+                                  for st, (c, t) in top_sites],
+                }
+        prev = cur
+    return {"impl": "smoke", "pids": sorted(pids, key=str), "by_bs": by_bs} if by_bs else None
+
+
+# ---------------------------------------------------------------------------- merging
+
+
+def new_doc(command: str, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "command": command,
+        "config": config,
+        "env": {},
+        "cases": [],
+    }
+
+
+def get_case(doc: dict[str, Any], model: str, backend: str) -> dict[str, Any]:
+    for c in doc["cases"]:
+        if c["model"] == model and c["backend"] == backend:
+            return c
+    c = {"model": model, "backend": backend, "engine_kwargs": None, "runs": [], "probe": {}, "profile": {}}
+    doc["cases"].append(c)
+    return c
+
+
+def merge_docs(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Merge result files: cases by (model, backend); runs concatenated, tagged with their
+    source; probe results from the later file win; profiles concatenated."""
+    merged: dict[str, Any] = {"schema": SCHEMA, "sources": [], "cases": []}
+    for i, doc in enumerate(docs):
+        src = {k: doc.get(k) for k in ("date", "host", "command", "config", "env")}
+        src["index"] = i
+        src["path"] = doc.get("_path")
+        merged["sources"].append(src)
+        for case in doc.get("cases", []):
+            m = get_case(merged, case["model"], case["backend"])
+            if m["engine_kwargs"] is None:
+                m["engine_kwargs"] = case.get("engine_kwargs")
+            for r in case.get("runs", []):
+                r = dict(r)
+                r["source"] = i
+                m["runs"].append(r)
+            for v, p in (case.get("probe") or {}).items():
+                if p:
+                    m["probe"][v] = p
+            for v, profs in (case.get("profile") or {}).items():
+                m["profile"].setdefault(v, []).extend(profs)
+    for case in merged["cases"]:
+        case["summary"] = summarize_case(case)
+    return merged
+
+
+def load_docs(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    docs = []
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"{p}: schema {d.get('schema')!r}, want {SCHEMA!r}")
+        d["_path"] = str(p)
+        docs.append(d)
+    return docs
+
+
+# ============================================================================ sync probe
+# Runs inside SGLang's processes; installed by a generated sitecustomize (see
+# write_sync_probe_site) when BENCH_SYNC_PROBE_DIR is set. Only the scheduler process
+# (which calls sglang.srt.managers.scheduler.load_plugins) wraps anything.
+
+
+class _SyncStats:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.phase = "init"
+        self.mode = "INIT"
+        self.iterations: dict[str, dict[str, int]] = {}
+        self.blocked: dict[str, dict[str, dict[str, list[float]]]] = {}
+        self.version = 0
+
+    def begin_iteration(self, mode: str) -> None:
+        with self.lock:
+            self.mode = mode
+            d = self.iterations.setdefault(self.phase, {})
+            d[mode] = d.get(mode, 0) + 1
+            self.version += 1
+
+    def record(self, site: str, seconds: float) -> None:
+        with self.lock:
+            d = self.blocked.setdefault(self.phase, {}).setdefault(self.mode, {})
+            e = d.get(site)
+            if e is None:
+                d[site] = [1, seconds]
+            else:
+                e[0] += 1
+                e[1] += seconds
+            self.version += 1
+
+    def set_phase(self, phase: str) -> None:
+        with self.lock:
+            if phase != self.phase:
+                self.phase = phase
+                self.mode = "IDLE"
+                self.version += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "iterations": {p: dict(m) for p, m in self.iterations.items()},
+                "blocked": {p: {m: {s: list(v) for s, v in d.items()} for m, d in pm.items()}
+                            for p, pm in self.blocked.items()},
+            }
+
+
+_SYNC: dict[str, Any] = {"stats": None, "installed": False, "torch_wrapped": False}
+
+
+def _short_path(filename: str) -> str:
+    for marker in ("site-packages/", "site312/", "dist-packages/"):
+        i = filename.rfind(marker)
+        if i >= 0:
+            return filename[i + len(marker):]
+    for pkg in ("/sglang_futuremap_patch/", "/sglang/"):
+        i = filename.rfind(pkg)
+        if i >= 0:
+            return filename[i + 1:]
+    return filename
+
+
+def _call_site(depth: int = 2) -> str:
+    f = sys._getframe(depth)  # noqa: SLF001
+    while f is not None and ("/torch/" in f.f_code.co_filename or f.f_code.co_filename == __file__):
+        f = f.f_back
+    if f is None:
+        return "?"
+    t = threading.current_thread().name
+    where = f"{_short_path(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
+    return where if t == "MainThread" else f"{where} [thread {t}]"
+
+
+def _install_torch_wrappers(stats: _SyncStats) -> list[str]:
+    import torch
+
+    tls = threading.local()
+    perf = time.perf_counter
+    wrapped = []
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+    def timed(kind: str, orig, should):
+        def wrapper(*a, **k):
+            if compiling() or getattr(tls, "busy", False):
+                return orig(*a, **k)
+            try:
+                go = should(a, k)
+            except Exception:
+                go = False
+            if not go:
+                return orig(*a, **k)
+            tls.busy = True
+            t0 = perf()
+            try:
+                return orig(*a, **k)
+            finally:
+                dt = perf() - t0
+                tls.busy = False
+                stats.record(f"{kind} @ {_call_site()}", dt)
+
+        wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+        wrapper.__name__ = getattr(orig, "__name__", kind)
+        return wrapper
+
+    always = lambda a, k: True  # noqa: E731
+    on_cuda = lambda a, k: bool(a) and getattr(a[0], "is_cuda", False)  # noqa: E731
+
+    def to_host(a, k):  # cpu_tensor.copy_(cuda_tensor)
+        return len(a) >= 2 and not a[0].is_cuda and getattr(a[1], "is_cuda", False)
+
+    for owner, name, kind, cond in (
+        (torch.cuda.Event, "synchronize", "Event.synchronize", always),
+        (torch.cuda.Stream, "synchronize", "Stream.synchronize", always),
+        (torch.Tensor, "item", "Tensor.item", on_cuda),
+        (torch.Tensor, "tolist", "Tensor.tolist", on_cuda),
+        (torch.Tensor, "cpu", "Tensor.cpu", on_cuda),
+        (torch.Tensor, "__bool__", "Tensor.__bool__", on_cuda),
+        (torch.Tensor, "__int__", "Tensor.__int__", on_cuda),
+        (torch.Tensor, "__float__", "Tensor.__float__", on_cuda),
+        (torch.Tensor, "copy_", "Tensor.copy_(D2H)", to_host),
+    ):
+        try:
+            setattr(owner, name, timed(kind, getattr(owner, name), cond))
+            wrapped.append(f"{owner.__name__}.{name}")
+        except (AttributeError, TypeError):
+            pass
+
+    # Tensor.to: only a CUDA tensor that comes back on the host counts.
+    orig_to = torch.Tensor.to
+
+    def to(self, *a, **k):
+        if compiling() or getattr(tls, "busy", False) or not getattr(self, "is_cuda", False):
+            return orig_to(self, *a, **k)
+        tls.busy = True
+        t0 = perf()
+        try:
+            out = orig_to(self, *a, **k)
+        finally:
+            tls.busy = False
+        dt = perf() - t0
+        if isinstance(out, torch.Tensor) and not out.is_cuda:
+            stats.record(f"Tensor.to(cpu) @ {_call_site()}", dt)
+        return out
+
+    torch.Tensor.to = to
+    wrapped.append("Tensor.to")
+
+    orig_sync = torch.cuda.synchronize
+
+    def cuda_synchronize(*a, **k):
+        if compiling():
+            return orig_sync(*a, **k)
+        t0 = perf()
+        try:
+            return orig_sync(*a, **k)
+        finally:
+            stats.record(f"torch.cuda.synchronize @ {_call_site()}", perf() - t0)
+
+    torch.cuda.synchronize = cuda_synchronize
+    wrapped.append("torch.cuda.synchronize")
+    return wrapped
+
+
+def _mode_of(batch: Any) -> str:
+    fm = getattr(batch, "forward_mode", None)
+    name = getattr(fm, "name", None)
+    return str(name) if name else "OTHER"
+
+
+def _on_scheduler_module(module: Any, out_dir: str) -> None:
+    orig_load = module.load_plugins
+
+    def load_plugins(*a, **k):
+        r = orig_load(*a, **k)
+        if _SYNC["installed"]:
+            return r
+        _SYNC["installed"] = True
+        stats: _SyncStats = _SYNC["stats"]
+        sched = module.Scheduler
+        orig_run_batch = sched.run_batch  # the plugin's wrapper when it is on: wrap after it
+        wrapped: list[str] = ["Scheduler.run_batch"]
+
+        def run_batch(self, batch, *ra, **rk):
+            if not _SYNC["torch_wrapped"]:
+                # Installed at the first batch, i.e. after model load, CUDA graph capture and
+                # torch.compile (piecewise CUDA graph): nothing of that runs through the wrappers.
+                _SYNC["torch_wrapped"] = True
+                wrapped.extend(_install_torch_wrappers(stats))
+            stats.begin_iteration(_mode_of(batch))
+            return orig_run_batch(self, batch, *ra, **rk)
+
+        run_batch.__wrapped__ = orig_run_batch  # type: ignore[attr-defined]
+        sched.run_batch = run_batch
+        _start_sync_flusher(stats, out_dir, wrapped)
+        return r
+
+    module.load_plugins = load_plugins
+
+
+def _start_sync_flusher(stats: _SyncStats, out_dir: str, wrapped: list[str]) -> None:
+    import atexit
+
+    phase_path = os.path.join(out_dir, SYNC_PHASE_FILE)
+    state = {"written": -1, "phase_mtime": None}
+
+    def poll_phase() -> None:
+        try:
+            st = os.stat(phase_path)
+        except OSError:
+            return
+        if st.st_mtime_ns != state["phase_mtime"]:
+            state["phase_mtime"] = st.st_mtime_ns
+            try:
+                with open(phase_path) as f:
+                    stats.set_phase(f.read().strip() or "none")
+            except OSError:
+                pass
+
+    def flush(force: bool = False) -> None:
+        if not force and stats.version == state["written"]:
+            return
+        version = stats.version
+        snap = stats.snapshot()
+        title = None
+        mod = sys.modules.get("setproctitle")
+        if mod is not None:
+            try:
+                title = mod.getproctitle()
+            except Exception:
+                title = None
+        doc = {"pid": os.getpid(), "proctitle": title, "wrapped": wrapped, "time": time.time(), **snap}
+        path = os.path.join(out_dir, f"sync-{os.getpid()}.json")
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(doc, f)
+            os.replace(path + ".tmp", path)
+            state["written"] = version
+        except OSError:
+            pass
+
+    def loop() -> None:
+        n = 0
+        while True:
+            time.sleep(0.05)
+            poll_phase()
+            n += 1
+            if n % 10 == 0:
+                flush()
+
+    atexit.register(flush, True)
+    threading.Thread(target=loop, name="bench-sync-probe", daemon=True).start()
+    flush(True)
+
+
+class _PostImportHook:
+    """A meta-path finder that runs ``callback(module)`` right after ``name`` executes."""
+
+    def __init__(self, name: str, callback) -> None:
+        self.name = name
+        self.callback = callback
+        self.done = False
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ARG002
+        if fullname != self.name or self.done:
+            return None
+        self.done = True
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        orig_exec = spec.loader.exec_module
+        callback = self.callback
+
+        def exec_module(module):
+            orig_exec(module)
+            try:
+                callback(module)
+            except Exception as exc:  # never break SGLang over a probe
+                print(f"bench-sync-probe: hook failed: {exc!r}", file=sys.stderr)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def sync_probe_bootstrap(out_dir: str) -> None:
+    """Called by the generated sitecustomize in every process of a probed Engine run."""
+    if _SYNC["stats"] is not None:
+        return
+    _SYNC["stats"] = _SyncStats()
+    os.makedirs(out_dir, exist_ok=True)
+    sys.meta_path.insert(0, _PostImportHook("sglang.srt.managers.scheduler",
+                                            lambda m: _on_scheduler_module(m, out_dir)))
+
+
+SYNC_SITE_TEMPLATE = '''"""Generated by bench_spec_v2.py: the sync probe, then the next sitecustomize."""
+import os
+import sys
+
+_dir = os.environ.get({env!r})
+if _dir:
+    sys.path.append({scripts!r})
+    try:
+        import bench_spec_v2 as _bench_spec_v2
+        _bench_spec_v2.sync_probe_bootstrap(_dir)
+    except Exception as _exc:
+        print("bench-sync-probe: not installed: %r" % (_exc,), file=sys.stderr)
+    finally:
+        try:
+            sys.path.remove({scripts!r})
+        except ValueError:
+            pass
+
+
+def _chain():
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None or spec.origin == os.path.abspath(__file__):
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+try:
+    _chain()
+except Exception as _exc:
+    print("bench-sync-probe: chained sitecustomize failed: %r" % (_exc,), file=sys.stderr)
+'''
+
+
+def write_sync_probe_site(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sitecustomize.py").write_text(SYNC_SITE_TEMPLATE.format(env=SYNC_PROBE_ENV, scripts=str(HERE)))
+    return directory
+
+
+def read_sync_records(directory: Path) -> list[dict[str, Any]]:
+    out = []
+    for p in sorted(directory.glob("sync-*.json")):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+# ============================================================================ worker
+
+
+def _set_phase(probe_dir: str | None, phase: str, settle_s: float = 0.25) -> None:
+    if not probe_dir:
+        return
+    p = Path(probe_dir) / SYNC_PHASE_FILE
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(phase)
+    os.replace(tmp, p)
+    time.sleep(settle_s)  # the probe polls every 50 ms; the scheduler is idle meanwhile
+
+
+def worker_main(spec_path: Path) -> int:
+    spec = json.loads(spec_path.read_text())
+    import sglang
+    import torch
+
+    print(f"worker pid {os.getpid()} {ENV_MODE}={os.environ.get(ENV_MODE)} pass {spec['pass']} "
+          f"sglang {getattr(sglang, '__version__', '?')}", flush=True)
+    print("engine kwargs: " + json.dumps(spec["engine_kwargs"]), flush=True)
+    vocab = spec["vocab"]
+    plen = spec["prompt_len"]
+    n_new = spec["max_new_tokens"]
+    probe_dir = os.environ.get(SYNC_PROBE_ENV) if spec["pass"] == "probe" else None
+    snap_dir = spec.get("sync_snapshot_dir") if spec["pass"] == "probe" else None
+    result: dict[str, Any] = {
+        "pid": os.getpid(),
+        "mode": os.environ.get(ENV_MODE),
+        "sglang_version": getattr(sglang, "__version__", None),
+        "torch_version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "batches": {},
+        "profile": [],
+        "errors": [],
+        "warnings": [],
+        "sync_snapshots": [],
+    }
+
+    def snapshot(phase: str) -> None:
+        """Cumulative sync-probe records (scripts/gpu_probe/smoke_sync_probe.py) after a phase."""
+        if not snap_dir:
+            return
+        time.sleep(float(spec.get("snapshot_wait_s", 0.4)))  # > 2 flush intervals of the probe
+        recs = {}
+        for path in sorted(Path(snap_dir).glob("sync-*.json")):
+            try:
+                d = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if d.get("kind") == "sync-probe" and d.get("installed"):
+                recs[str(d.get("pid"))] = {k: d.get(k) for k in ("pid", "proctitle", "iterations", "syncs", "errors")}
+        result["sync_snapshots"].append({"phase": phase, "records": recs})
+
+    def params(n: int) -> dict[str, Any]:
+        return {"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True}
+
+    def gen(prompts: list[list[int]], n: int) -> tuple[float, list[dict[str, Any]]]:
+        t0 = time.perf_counter()
+        outs = engine.generate(input_ids=prompts, sampling_params=[params(n) for _ in prompts])
+        dt = time.perf_counter() - t0
+        if isinstance(outs, dict):
+            outs = [outs]
+        return dt, [dict(o.get("meta_info", {}), completion_tokens=o.get("meta_info", {}).get(
+            "completion_tokens", len(o.get("output_ids", [])))) for o in outs]
+
+    t0 = time.perf_counter()
+    engine = sglang.Engine(**spec["engine_kwargs"])
+    result["startup_s"] = time.perf_counter() - t0
+    try:
+        try:
+            info = engine.get_server_info()
+            result["effective"] = {k: info.get(k) for k in (
+                "attention_backend", "decode_attention_backend", "prefill_attention_backend",
+                "disable_piecewise_cuda_graph", "piecewise_cuda_graph_max_tokens", "disable_cuda_graph",
+                "cuda_graph_bs", "cuda_graph_max_bs", "max_running_requests", "disable_overlap_schedule",
+                "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+                "speculative_num_draft_tokens", "max_total_num_tokens", "mem_fraction_static")}
+        except Exception as exc:  # informative only
+            result["warnings"].append(f"get_server_info: {exc!r}")
+        bss = spec["batch_sizes"]
+        # Warm-up: every batch size once (CUDA graphs, Triton JIT, allocator).
+        _set_phase(probe_dir, "warmup", spec["phase_settle_s"])
+        tw = time.perf_counter()
+        for bs in bss:
+            gen(make_prompts(bs, plen, vocab, tag="warm1"), 1)
+            gen(make_prompts(bs, plen, vocab, tag="warm"), spec["warmup_new_tokens"])
+        result["warmup_s"] = time.perf_counter() - tw
+        snapshot("warmup")
+        for bs in bss:
+            _set_phase(probe_dir, f"bs={bs}", spec["phase_settle_s"])
+            trials = []
+            for t in range(spec["trials"]):
+                t1, m1 = gen(make_prompts(bs, plen, vocab, tag=f"prefill-{t}"), 1)
+                tn, mn = gen(make_prompts(bs, plen, vocab, tag=f"decode-{t}"), n_new)
+                trials.append(decode_metrics(bs, n_new, t1, tn, mn))
+            _set_phase(probe_dir, "idle", spec["phase_settle_s"])
+            snapshot(f"bs={bs}")
+            result["batches"][str(bs)] = {"trials": trials}
+            tok = _med(x["decode_tok_s"] for x in trials)
+            print(f"bs {bs}: decode {tok if tok is None else round(tok, 1)} tok/s, "
+                  f"accept {_med(x['accept_length'] for x in trials)}", flush=True)
+        if spec.get("profile_batch_sizes"):
+            result["profile"] = _profile(engine, spec, gen)
+        time.sleep(float(spec.get("settle_s", 1.5)))  # let the probes flush before shutdown
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        result["errors"].append(repr(exc))
+    finally:
+        engine.shutdown()
+    Path(spec["result_path"]).write_text(json.dumps(result))
+    print("worker done", flush=True)
+    return 0 if not result["errors"] or result["batches"] else 1
+
+
+def _profile(engine: Any, spec: dict[str, Any], gen) -> list[dict[str, Any]]:
+    out = []
+    root = Path(spec["profile_dir"])
+    for bs in spec["profile_batch_sizes"]:
+        d = root / f"bs{bs}"
+        d.mkdir(parents=True, exist_ok=True)
+        rec: dict[str, Any] = {"bs": bs, "max_new_tokens": spec["profile_new_tokens"]}
+        try:
+            engine.start_profile(output_dir=str(d), activities=["GPU"], with_stack=False, record_shapes=False)
+            dt, metas = gen(make_prompts(bs, spec["prompt_len"], spec["vocab"], tag="profile"),
+                            spec["profile_new_tokens"])
+            engine.stop_profile()
+            rec["generate_s"] = dt
+            traces = sorted(d.glob("*.trace.json*"))
+            deadline = time.time() + 30
+            while not traces and time.time() < deadline:
+                time.sleep(0.5)
+                traces = sorted(d.glob("*.trace.json*"))
+            if not traces:
+                rec["error"] = "no trace file"
+            else:
+                ivs = gpu_intervals(load_trace(traces[-1]))
+                res = idle_fraction(ivs, spec["profile_trim_head"], spec["profile_trim_tail"])
+                rec.update(res or {"error": "no GPU events in trace"})
+                rec["trace_bytes"] = traces[-1].stat().st_size
+        except Exception as exc:
+            rec["error"] = repr(exc)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        print(f"profile bs {bs}: {rec}", flush=True)
+        out.append(rec)
+    return out
+
+
+# ============================================================================ parent
+
+
+def logging_config() -> dict[str, Any]:
+    _scripts_on_path()
+    from gpu_smoke import logging_config as lc
+
+    return lc()
+
+
+SMOKE_SYNC_PROBE = HERE / "gpu_probe" / "smoke_sync_probe.py"
+
+
+def resolve_sync_impl(choice: str) -> str:
+    """``smoke``: scripts/gpu_probe/smoke_sync_probe.py (gpu_smoke.py --sync-probe), when
+    present; ``own``: the minimal probe in this file."""
+    if choice == "auto":
+        return "smoke" if SMOKE_SYNC_PROBE.exists() else "own"
+    return choice
+
+
+def subprocess_env(mode: str, probe_dir: Path, log_config: Path, sync_site: Path | None,
+                   sync_dir: Path | None, *, smoke_sync: bool = False) -> dict[str, str]:
+    _scripts_on_path()
+    from gpu_smoke import subprocess_env as smoke_env
+
+    # gpu_probe sitecustomize: plugin log lines, call counts (and, with smoke_sync, host syncs)
+    env = smoke_env(mode, probe_dir, log_config, sync_probe=True) if smoke_sync else smoke_env(mode, probe_dir, log_config)
+    if smoke_sync:
+        env["SMOKE_PROBE_FLUSH_S"] = "0.1"
+    env.pop(SYNC_PROBE_ENV, None)
+    if sync_site is not None and sync_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(sync_site), env["PYTHONPATH"]])
+        env[SYNC_PROBE_ENV] = str(sync_dir)
+    return env
+
+
+class Deadline:
+    def __init__(self, seconds: float | None) -> None:
+        self.t0 = time.monotonic()
+        self.seconds = seconds
+
+    def left(self) -> float:
+        return float("inf") if self.seconds is None else self.seconds - (time.monotonic() - self.t0)
+
+    def allows(self, needed_s: float) -> bool:
+        return self.left() >= needed_s
+
+
+def run_engine(*, case: dict[str, Any], variant: str, mode: str, pass_: str, rep: int, spec: dict[str, Any],
+               work: Path, log_dir: Path, timeout: float, log_config: Path, sync_site: Path | None,
+               sync_impl: str = "own") -> dict[str, Any]:
+    tag = f"{case['model']}-{case['backend']}-{pass_}-{variant}-r{rep}"
+    rdir = work / tag
+    rdir.mkdir(parents=True, exist_ok=True)
+    probe_dir = rdir / "probe"
+    smoke_sync = pass_ == "probe" and sync_impl == "smoke"
+    sync_dir = rdir / "sync" if pass_ == "probe" and not smoke_sync else None
+    spec = dict(spec, result_path=str(rdir / "result.json"), profile_dir=str(rdir / "prof"))
+    if pass_ != "timed" or rep != spec.get("profile_rep"):
+        spec["profile_batch_sizes"] = []
+    spec["pass"] = pass_
+    if smoke_sync:
+        spec["sync_snapshot_dir"] = str(probe_dir)
+    spec_path = rdir / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    log_path = log_dir / f"{tag}.log"
+    env = subprocess_env(mode, probe_dir, log_config, sync_site if sync_dir is not None else None, sync_dir,
+                         smoke_sync=smoke_sync)
+    if spec["profile_batch_sizes"]:
+        env["SGLANG_TORCH_PROFILER_DIR"] = spec["profile_dir"]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
+    print(f"== {tag}: {ENV_MODE}={mode} (timeout {timeout:.0f} s) log {log_path}", flush=True)
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=max(timeout, 1.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: it and its children only
+            proc.wait()
+            rc = -9
+            log.write(f"\n[bench] killed after {timeout:.0f} s\n")
+    wall = time.perf_counter() - t0
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    time.sleep(spec.get("gpu_release_s", 1.0))  # let the driver release the GPU memory of the killed children
+    rp = Path(spec["result_path"])
+    result = json.loads(rp.read_text()) if rp.exists() else None
+    _scripts_on_path()
+    from gpu_smoke import read_probe_dir, summarize_probe
+
+    probe = summarize_probe(read_probe_dir(probe_dir))
+    log_info = scan_plugin_log(log_path.read_text(errors="replace"))
+    valid, detail = run_validity(variant, log_info, probe.scheduler_pids, (result or {}).get("pid"))
+    valid = valid and rc == 0 and bool(result) and bool((result or {}).get("batches")) and not (result or {}).get("errors")
+    run = {
+        "variant": variant,
+        "mode": mode,
+        "pass": pass_,
+        "rep": rep,
+        "returncode": rc,
+        "wall_s": wall,
+        "valid": valid,
+        "validity": detail,
+        "log": log_path.name,
+        "plugin_log": log_info,
+        "scheduler_pids": probe.scheduler_pids,
+        "verify_done_calls": probe.scheduler_calls,
+        "result": result,
+    }
+    if smoke_sync:
+        run["sync"] = summarize_sync_snapshots((result or {}).get("sync_snapshots") or [])
+    elif sync_dir is not None:
+        run["sync"] = summarize_sync_records(
+            r for r in read_sync_records(sync_dir)
+            if not r.get("proctitle") or str(r.get("proctitle")).startswith(SCHEDULER_TITLE)
+        )
+    print(f"   {tag}: rc {rc}, {wall:.1f} s, valid {valid} ({detail})", flush=True)
+    return run
+
+
+def write_doc(doc: dict[str, Any], path: Path) -> None:
+    for case in doc["cases"]:
+        case["summary"] = summarize_case(case)
+    doc["targets"] = evaluate_targets(doc["cases"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, path)
+
+
+def format_summary(doc: dict[str, Any]) -> str:
+    lines = []
+    for case in doc["cases"]:
+        s = case.get("summary") or summarize_case(case)
+        lines.append(f"{case['model']}/{case['backend']}: runs stock {s['n_runs']['stock']}, patched "
+                     f"{s['n_runs']['patched']}, invalid {s['invalid_runs']}")
+        for bs, row in s["by_bs"].items():
+            st = (row["stock"]["decode_tok_s"] or {}).get("median")
+            pt = (row["patched"]["decode_tok_s"] or {}).get("median")
+            b = row["blocked_ms_per_iter"]
+            lines.append(
+                f"  bs {bs:>3}: stock {_fmt(st, 1)} tok/s, patched {_fmt(pt, 1)} tok/s, ratio {_fmt(row['ratio'], 3)}; "
+                f"blocked ms/iter {_fmt(b['stock'], 3)} -> {_fmt(b['patched'], 3)}; "
+                f"idle {_fmt(row['idle_fraction']['stock'], 3)} -> {_fmt(row['idle_fraction']['patched'], 3)}")
+    for t in doc.get("targets", []):
+        met = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]
+        lines.append(f"[{met}] {t['case']}: {t['target']} (value {_fmt(t['value'], 3)})")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any, nd: int) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Decode benchmark of stock SGLang vs. sglang_futuremap_patch (spec v2, STANDALONE).",
+        epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", "--models", dest="models", default="tiny",
+                   help=f"comma-separated models from {list(MODELS)} (default tiny)")
+    p.add_argument("--backend", "--backends", dest="backends", default="triton-nopcg",
+                   help=f"comma-separated backends from {list(BACKENDS)} (default triton-nopcg)")
+    p.add_argument("--reps", type=int, default=3, help="timed Engine runs per variant, alternating (default 3; 0: none)")
+    p.add_argument("--batch-sizes", default="1,4,16,48", help="default 1,4,16,48")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="decode length per request (default 256)")
+    p.add_argument("--prompt-len", type=int, default=64, help="prompt length in tokens (default 64)")
+    p.add_argument("--trials", type=int, default=3,
+                   help="timed trials per batch size inside one Engine; the run's value is their median (default 3)")
+    p.add_argument("--warmup-new-tokens", type=int, default=32)
+    p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
+                   help="one extra untimed Engine per variant with the sync probe (default on)")
+    p.add_argument("--probe-trials", type=int, default=1, help="trials per batch size in the probed pass (default 1)")
+    p.add_argument("--sync-probe-impl", choices=["auto", "smoke", "own"], default="auto",
+                   help="auto (default): scripts/gpu_probe/smoke_sync_probe.py when present, else the minimal "
+                        "probe in this file")
+    p.add_argument("--profile", action="store_true",
+                   help="GPU idle fraction from a torch-profiler trace, in the last timed run of each variant")
+    p.add_argument("--profile-batch-sizes", default="1,16", help="batch sizes profiled with --profile (default 1,16)")
+    p.add_argument("--profile-new-tokens", type=int, default=128)
+    p.add_argument("--profile-trim-head", type=float, default=0.15)
+    p.add_argument("--profile-trim-tail", type=float, default=0.05)
+    p.add_argument("--mem-fraction", type=float, default=None,
+                   help=f"mem_fraction_static (default per model: {MEM_FRACTION})")
+    p.add_argument("--pcg-max-tokens", type=int, default=None,
+                   help="piecewise_cuda_graph_max_tokens for *-pcg backends (default: SGLang's); smaller starts faster")
+    p.add_argument("--out", type=Path, required=False, default=Path("bench.json"), help="result JSON (default bench.json)")
+    p.add_argument("--log-dir", type=Path, default=None, help="Engine logs (default: <out dir>/bench-logs)")
+    p.add_argument("--run-timeout", type=float, default=420.0, help="seconds per Engine run before it is killed")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="do not start an Engine run that is not expected to end within this many seconds of the start")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and the Engine kwargs; start nothing")
+    p.add_argument("--keep-work", action="store_true")
+    p.add_argument("--settle-s", type=float, default=1.5, help=argparse.SUPPRESS)  # probes flush before shutdown
+    p.add_argument("--phase-settle-s", type=float, default=0.25, help=argparse.SUPPRESS)
+    p.add_argument("--gpu-release-s", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    return p
+
+
+def plan_runs(reps: int, probe: bool, profile: bool) -> list[tuple[str, int, list[tuple[str, str]]]]:
+    """[(pass, rep, [(variant, mode), ...])]: pairs of Engines that belong together."""
+    out: list[tuple[str, int, list[tuple[str, str]]]] = [("timed", r, list(VARIANTS)) for r in range(reps)]
+    if profile and reps == 0:
+        out.append(("timed", 0, list(VARIANTS)))  # a profile-only pair; timed values come along
+    if probe:
+        out.append(("probe", 0, list(VARIANTS)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker is not None:
+        return worker_main(args.worker)
+    models = parse_name_list(args.models, MODELS)
+    backends = parse_name_list(args.backends, BACKENDS)
+    bss = parse_int_list(args.batch_sizes)
+    prof_bss = parse_int_list(args.profile_batch_sizes) if args.profile else []
+    if args.max_new_tokens < 2:
+        raise SystemExit("--max-new-tokens must be >= 2")
+    command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["bench_spec_v2.py", *argv])
+    config = {
+        "models": models, "backends": backends, "reps": args.reps, "batch_sizes": bss,
+        "max_new_tokens": args.max_new_tokens, "prompt_len": args.prompt_len, "trials": args.trials,
+        "warmup_new_tokens": args.warmup_new_tokens, "probe": args.probe, "probe_trials": args.probe_trials,
+        "profile": args.profile, "profile_batch_sizes": prof_bss, "profile_new_tokens": args.profile_new_tokens,
+        "profile_trim": [args.profile_trim_head, args.profile_trim_tail], "spec": SPEC,
+        "variants": dict(VARIANTS), "pcg_max_tokens": args.pcg_max_tokens, "mem_fraction": args.mem_fraction,
+    }
+    plan = plan_runs(args.reps, args.probe, args.profile)
+    if args.dry_run:
+        for m in models:
+            for b in backends:
+                kw = engine_kwargs(m, b, f"<{m}/target>", f"<{m}/draft>", bss, mem_fraction=args.mem_fraction,
+                                   pcg_max_tokens=args.pcg_max_tokens)
+                print(f"{m}/{b}: " + json.dumps(kw))
+                for pass_, rep, pair in plan:
+                    print(f"   {pass_} rep {rep}: " + ", ".join(f"{v} ({ENV_MODE}={md})" for v, md in pair))
+        return 0
+
+    out = args.out.resolve()
+    log_dir = (args.log_dir or out.parent / "bench-logs").resolve()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-spec-v2-"))
+    deadline = Deadline(args.deadline_s)
+    doc = new_doc(command, config)
+    doc["env"] = {"cwd": os.getcwd(), "python": sys.version.split()[0]}
+    rc = 0
+    try:
+        log_config = work / "logging.json"
+        log_config.write_text(json.dumps(logging_config()))
+        sync_impl = resolve_sync_impl(args.sync_probe_impl)
+        doc["config"]["sync_probe_impl"] = sync_impl
+        sync_site = write_sync_probe_site(work / "sync-site") if args.probe and sync_impl == "own" else None
+        for model in models:
+            target, draft = write_model_dirs(model, work / "models")
+            vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
+            for backend in backends:
+                case = get_case(doc, model, backend)
+                kw = engine_kwargs(model, backend, target, draft, bss, mem_fraction=args.mem_fraction,
+                                   pcg_max_tokens=args.pcg_max_tokens)
+                case["engine_kwargs"] = kw
+                base_spec = {
+                    "engine_kwargs": kw, "vocab": vocab, "prompt_len": args.prompt_len,
+                    "max_new_tokens": args.max_new_tokens, "batch_sizes": bss,
+                    "warmup_new_tokens": args.warmup_new_tokens, "profile_batch_sizes": prof_bss,
+                    "profile_new_tokens": args.profile_new_tokens, "profile_trim_head": args.profile_trim_head,
+                    "profile_trim_tail": args.profile_trim_tail,
+                    "profile_rep": max(args.reps - 1, 0),
+                    "settle_s": args.settle_s, "phase_settle_s": args.phase_settle_s,
+                    "gpu_release_s": args.gpu_release_s,
+                }
+                est = FIRST_GUESS_S[(model, BACKENDS[backend][1])]
+                for pass_, rep, pair in plan:
+                    if not deadline.allows(est * len(pair)):
+                        msg = (f"skipped {pass_} rep {rep} of {model}/{backend}: {deadline.left():.0f} s left, "
+                               f"~{est * len(pair):.0f} s needed")
+                        print("!! " + msg, flush=True)
+                        doc.setdefault("skipped", []).append(msg)
+                        continue
+                    spec = dict(base_spec, trials=args.trials if pass_ == "timed" else args.probe_trials)
+                    for variant, mode in pair:
+                        timeout = min(args.run_timeout, max(deadline.left() - 5.0, 30.0))
+                        run = run_engine(case=case, variant=variant, mode=mode, pass_=pass_, rep=rep, spec=spec,
+                                         work=work, log_dir=log_dir, timeout=timeout, log_config=log_config,
+                                         sync_site=sync_site, sync_impl=sync_impl)
+                        est = max(est * 0.5, run["wall_s"]) if run["returncode"] == 0 else max(est, run["wall_s"])
+                        res = run.get("result") or {}
+                        for k in ("gpu", "sglang_version", "torch_version", "cuda"):
+                            if res.get(k) and not doc["env"].get(k):
+                                doc["env"][k] = res[k]
+                        if pass_ == "probe":
+                            case["probe"][variant] = run.get("sync")
+                            # keep the probed run's raw numbers, but out of the timed medians
+                        for prof in res.get("profile") or []:
+                            case["profile"].setdefault(variant, []).append(dict(prof, rep=rep))
+                        case["runs"].append(run)
+                        if not run["valid"]:
+                            rc = 1
+                        write_doc(doc, out)
+        write_doc(doc, out)
+        print(format_summary(doc), flush=True)
+        print(f"wrote {out}", flush=True)
+        return rc
+    finally:
+        if args.keep_work:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _exit_worker(code: int) -> None:
+    _scripts_on_path()
+    from gpu_smoke import _exit_worker as ew
+
+    ew(code)
+
+
+if __name__ == "__main__":
+    _rc = main()
+    if "--worker" in sys.argv:
+        _exit_worker(_rc)
+    sys.exit(_rc)

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Decode benchmark chunk, as one device command (< 9.5 minutes): install the plugin, then
+# scripts/bench_spec_v2.py with the given case arguments. Results under ${OUT:-./gpu-out}.
+#
+#   bash scripts/gpu/run_bench.sh CASESPEC...      (CASESPEC = bench_spec_v2.py arguments)
+#   bash scripts/gpu/run_bench.sh --help
+#
+# Device call: carry [".gpu"], e.g.
+#   bash scripts/gpu/run_bench.sh --model tiny --backend triton-nopcg --reps 3 --profile
+#
+# OUT gets at most 4 files (flat): setup.log, bench-<tag>.json, summary-<tag>.txt,
+# logs-<tag>.tar.gz (every Engine log). <tag> = BENCH_TAG or model-backend from the arguments.
+# Merge the JSONs of several chunks on your machine:
+#   python3 scripts/plot_bench.py path/to/bench-*.json      # -> results/bench/{bench.png,README.md}
+#
+# Time budget. Each Engine run = start + warm-up + timed work + shutdown. Start (seen/expected
+# on one H200): tiny without piecewise CUDA graph (PCG) ~30 s, tiny with PCG ~2 min (torch.compile
+# of the prefill sizes), 8B-shaped dummy weights ~1 min without PCG, ~2.5-3 min with PCG,
+# flashinfer unknown (its kernels may JIT-compile on a fresh machine). Timed work per Engine with
+# the defaults (bs 1,4,16,48; 256 new tokens; 3 trials) ~10-20 s tiny, ~30-40 s 8B.
+# Setup (bundle unpack + pip) ~20-40 s. A chunk runs 2*reps Engines (+2 with the probe, which is
+# on by default). Per Engine, roughly: tiny-nopcg 50 s, tiny-pcg 150 s, 8b-nopcg 100 s,
+# 8b-pcg 220 s. Chunks that fit:
+#   --model tiny --backend triton-nopcg --reps 3 --profile            8 Engines  ~7 min
+#   --model 8b   --backend triton-nopcg --reps 2 --profile            6 Engines  ~8 min
+#   --model 8b   --backend triton-nopcg --reps 2 --no-probe           4 Engines  ~6 min (more reps)
+#   --model tiny --backend triton-pcg   --reps 1 --profile            4 Engines  ~8-9 min
+#   --model tiny --backend triton-pcg   --reps 2 --no-probe           4 Engines  ~8-9 min
+#   --model 8b   --backend triton-pcg   --reps 1 --no-probe           2 Engines  ~6-8 min
+#   --model 8b   --backend triton-pcg   --reps 0 --probe              2 Engines  ~6-8 min
+#   --model tiny --backend flashinfer   --reps 1                      4 Engines  ? (first try)
+# The bench never starts an Engine pair that is not expected to end before the budget
+# (BENCH_BUDGET_S, default 555 s from this script's start, less setup), and rewrites its JSON
+# after every Engine, so a chunk that runs long still returns what it measured.
+#
+# Environment knobs:
+#   OUT                 result folder (default ./gpu-out)
+#   BENCH_TAG           file-name tag (default from --model/--backend)
+#   BENCH_BUDGET_S      seconds this whole script may take (default 555)
+#   BENCH_SITE          pip --target for the plugin when .gpu/activate.sh is used (default /tmp/site312)
+#   BENCH_SKIP_INSTALL  1: do not pip-install the plugin
+set -uo pipefail
+
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+    sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 0
+fi
+
+START=$(date +%s)
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+OUT="${OUT:-./gpu-out}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+cd "$ROOT" || exit 2
+
+# Tag from --model/--backend values (first of each), e.g. 8b-triton-nopcg.
+tag_of() {
+    local model="" backend="" prev=""
+    for a in "$@"; do
+        case "$prev" in --model|--models) model="$a" ;; --backend|--backends) backend="$a" ;; esac
+        case "$a" in --model=*|--models=*) model="${a#*=}" ;; --backend=*|--backends=*) backend="${a#*=}" ;; esac
+        prev="$a"
+    done
+    printf '%s-%s' "${model:-tiny}" "${backend:-triton-nopcg}" | tr ',/ ' '+__' | tr -cd 'A-Za-z0-9+_.-'
+}
+TAG="${BENCH_TAG:-$(tag_of "$@")}"
+SETUP="$OUT/setup.log"
+: > "$SETUP"
+
+if [ -f .gpu/activate.sh ]; then
+    # shellcheck disable=SC1091
+    source .gpu/activate.sh
+    PIP_TARGET_ARGS=(--no-build-isolation --upgrade --target "${BENCH_SITE:-/tmp/site312}")
+else
+    PIP_TARGET_ARGS=()
+fi
+
+{
+    echo "== $(date -u +%FT%TZ) run_bench.sh $*"
+    echo "== python: $(python3 -V 2>&1)"
+    if [ "${BENCH_SKIP_INSTALL:-0}" != "1" ]; then
+        echo "== pip install the plugin ${PIP_TARGET_ARGS[*]}"
+        python3 -m pip install -q --no-deps "${PIP_TARGET_ARGS[@]}" . || echo "pip install FAILED"
+    fi
+    python3 -c "from importlib.metadata import entry_points as e; print('entry points:', e(group='sglang.srt.plugins'))"
+    python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+    nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1 | head -3
+} >> "$SETUP" 2>&1
+
+BUDGET="${BENCH_BUDGET_S:-555}"
+NOW=$(date +%s)
+# Keep ~25 s for the last JSON write, the log tarball and the transfer.
+DEADLINE=$(( BUDGET - (NOW - START) - 25 ))
+if [ "$DEADLINE" -lt 60 ]; then DEADLINE=60; fi
+echo "== setup took $((NOW - START)) s; bench deadline ${DEADLINE} s; tag $TAG" | tee -a "$SETUP"
+
+LOGS="$(mktemp -d -t bench-logs-XXXXXX)"
+trap 'rm -rf "$LOGS"' EXIT
+python3 scripts/bench_spec_v2.py "$@" --deadline-s "$DEADLINE" --out "$OUT/bench-$TAG.json" --log-dir "$LOGS" \
+    2>&1 | tee "$OUT/summary-$TAG.txt"
+RC=${PIPESTATUS[0]}
+
+tar -C "$LOGS" -czf "$OUT/logs-$TAG.tar.gz" . 2>> "$SETUP"
+echo "bench rc $RC, total $(( $(date +%s) - START )) s" | tee -a "$OUT/summary-$TAG.txt"
+exit "$RC"

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Merge bench_spec_v2.py result files; write the ratio plot and the README table.
+
+    python3 scripts/plot_bench.py results/bench/*.json              # -> results/bench/{bench.png,README.md}
+    python3 scripts/plot_bench.py a.json b.json --out-dir /tmp/x --merged /tmp/x/merged.json
+
+Cases are merged by (model, backend) across files: the timed runs of all files count
+(pairs are formed within a file), the later file's probe result wins, profiles add up.
+The plot needs matplotlib (``pip install matplotlib``; without it only the README is
+written). Exit status 0 whatever the targets say; they are printed and put in the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import bench_spec_v2 as bench  # noqa: E402
+
+DEFAULT_OUT = ROOT / "results" / "bench"
+
+
+def _f(v: Any, nd: int = 1) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{100.0 * v:.1f}%"
+
+
+def _med(s: dict[str, Any] | None) -> float | None:
+    return None if not s else s.get("median")
+
+
+def _range(s: dict[str, Any] | None, nd: int = 1) -> str:
+    if not s:
+        return "-"
+    if s["n"] == 1:
+        return f"{s['median']:.{nd}f}"
+    return f"{s['median']:.{nd}f} [{s['min']:.{nd}f}-{s['max']:.{nd}f}]"
+
+
+def _pair(a: Any, b: Any, nd: int = 2, fmt=None) -> str:
+    fmt = fmt or (lambda v: _f(v, nd))
+    if a is None and b is None:
+        return "-"
+    return f"{fmt(a)} / {fmt(b)}"
+
+
+def case_label(case: dict[str, Any]) -> str:
+    return f"{case['model']} {case['backend']}"
+
+
+def table_rows(merged: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for case in merged["cases"]:
+        s = case.get("summary") or bench.summarize_case(case)
+        for bs in sorted(s["by_bs"], key=int):
+            r = s["by_bs"][bs]
+            blocked = r["blocked_ms_per_iter"]
+            vd = r["verify_done_ms_per_iter"]
+            rows.append([
+                case_label(case),
+                str(bs),
+                f"{s['n_runs']['stock']}/{s['n_runs']['patched']}",
+                _range(r["stock"]["decode_tok_s"]),
+                _range(r["patched"]["decode_tok_s"]),
+                _f(r["ratio"], 3) + (f" ({_f(r['paired_ratio']['min'], 3)}-{_f(r['paired_ratio']['max'], 3)})"
+                                     if r.get("paired_ratio") and r["paired_ratio"]["n"] > 1 else ""),
+                _pair(_med(r["stock"]["tpot_ms"]), _med(r["patched"]["tpot_ms"]), 3),
+                _pair(_med(r["stock"]["accept_length"]), _med(r["patched"]["accept_length"]), 2),
+                _pair(blocked["stock"], blocked["patched"], 3)
+                + (f" ({_pct(-r['blocked_reduction'])})" if r.get("blocked_reduction") is not None else ""),
+                _pair(vd["stock"], vd["patched"], 3),
+                _pair(r["idle_fraction"]["stock"], r["idle_fraction"]["patched"], fmt=_pct),
+            ])
+    return rows
+
+
+HEADER = ["case", "bs", "runs s/p", "stock tok/s (median [min-max])", "patched tok/s", "ratio p/s (paired min-max)",
+          "TPOT ms s / p", "accept len s / p", "blocked ms/iter s / p (change)", "verify_done ms/iter s / p",
+          "GPU idle s / p"]
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def top_sites_section(merged: dict[str, Any], max_sites: int = 4) -> str:
+    lines = []
+    for case in merged["cases"]:
+        probe = case.get("probe") or {}
+        for variant in ("stock", "patched"):
+            p = probe.get(variant)
+            if not p:
+                continue
+            for bs in sorted(p.get("by_bs", {}), key=int):
+                b = p["by_bs"][bs]
+                sites = "; ".join(f"`{t['site']}` {t['ms_per_iter']:.3f} ms ({t['calls_per_iter']:.2f}x)"
+                                  for t in b.get("top_sites", [])[:max_sites])
+                sl = b.get("seq_lens_syncs_per_iter")
+                sl_text = f" ({sl:.2f} in seq_lens sites)" if sl is not None else ""
+                lines.append(f"- {case_label(case)}, {variant}, bs {bs}: {b['syncs_per_iter']:.2f} syncs/iter{sl_text}; "
+                             f"{sites or 'none'}")
+    return "\n".join(lines)
+
+
+def targets_section(targets: Sequence[dict[str, Any]]) -> tuple[str, int, int]:
+    lines = []
+    met = sum(1 for t in targets if t["met"] is True)
+    known = sum(1 for t in targets if t["met"] is not None)
+    for t in targets:
+        mark = {True: "met", False: "**not met**", None: "no data"}[t["met"]]
+        val = t["value"]
+        shown = _pct(val) if "blocked" in t["target"] else _f(val, 3)
+        lines.append(f"- {t['case']}: {t['target']}: {shown} — {mark}")
+    return "\n".join(lines), met, known
+
+
+def sources_section(merged: dict[str, Any]) -> str:
+    lines = []
+    for src in merged["sources"]:
+        env = src.get("env") or {}
+        lines.append(f"- `{src.get('command')}` — {src.get('date')}, {env.get('gpu') or '?'}, "
+                     f"SGLang {env.get('sglang_version') or '?'}, torch {env.get('torch_version') or '?'}"
+                     + (f" (file `{Path(src['path']).name}`)" if src.get("path") else ""))
+    return "\n".join(lines)
+
+
+def _uniq(values: Sequence[Any]) -> str:
+    vals = sorted({str(v) for v in values if v})
+    return ", ".join(vals) if vals else "?"
+
+
+def render_readme(merged: dict[str, Any], targets: Sequence[dict[str, Any]], plot_name: str | None,
+                  plot_command: str) -> str:
+    envs = [s.get("env") or {} for s in merged["sources"]]
+    dates = [s.get("date") for s in merged["sources"]]
+    cfgs = [s.get("config") or {} for s in merged["sources"]]
+    tsec, met, known = targets_section(targets)
+    cfg_line = _uniq([f"max_new_tokens {c.get('max_new_tokens')}, prompt {c.get('prompt_len')} tokens, "
+                      f"{c.get('trials')} trials per Engine" for c in cfgs])
+    skipped = [m for s in merged.get("skipped_all", []) for m in s]
+    parts = [
+        "# Decode benchmark: stock SGLang vs. sglang_futuremap_patch",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| date | {_uniq(dates)} |",
+        f"| GPU | {_uniq([e.get('gpu') for e in envs])} |",
+        f"| SGLang | {_uniq([e.get('sglang_version') for e in envs])} (torch {_uniq([e.get('torch_version') for e in envs])}) |",
+        "| config | spec v2 (overlap scheduler), STANDALONE, 3 steps, topk 1, 4 draft tokens, greedy, `ignore_eos`, "
+        "dummy weights, CUDA graph on (`cuda_graph_bs` = the batch sizes) |",
+        f"| workload | {cfg_line} |",
+        "| variants | stock = `SGLANG_FUTUREMAP_PATCH=off`, patched = `strict`; each Engine in its own process, "
+        "alternating stock/patched |",
+        "",
+        "Decode tok/s = bs x (max_new_tokens - 1) / (t(max_new_tokens) - t(1)) with fresh prompts each call; "
+        "TPOT = the same decode time / (max_new_tokens - 1). A run's value is the median of its trials; the table "
+        "shows the median over runs with [min-max]; ratio = median patched / median stock, with the range of "
+        "the back-to-back pairs. Blocked ms/iter: host time the scheduler spent in CUDA syncs per DECODE "
+        "iteration (separate probed Engine, not timed); verify_done = the part inside `maybe_wait_verify_done`. "
+        "GPU idle: 1 - union of GPU kernel/memcpy intervals over the decode window of a torch-profiler trace.",
+        "",
+        markdown_table(HEADER, table_rows(merged)),
+        "",
+    ]
+    if plot_name:
+        parts += [f"![patched/stock decode tok/s]({plot_name})", ""]
+    parts += [
+        f"## Targets ({met}/{known} met)",
+        "",
+        "Goals from issue 6: patched/stock >= 1.10 decode tok/s at bs 1 on triton-nopcg, >= 0.99 elsewhere; "
+        "blocked host time per decode iteration down >= 90%.",
+        "",
+        tsec or "- no data",
+        "",
+    ]
+    sites = top_sites_section(merged)
+    if sites:
+        parts += ["## Where the scheduler blocks (probed pass, per decode iteration)", "", sites, ""]
+    invalid = [(case_label(c), r) for c in merged["cases"] for r in c["runs"] if not r.get("valid")]
+    if invalid or skipped:
+        parts += ["## Runs left out", ""]
+        parts += [f"- {lab}: {r.get('pass')} {r.get('variant')} rep {r.get('rep')} (file {r.get('source')}): "
+                  f"returncode {r.get('returncode')}; {r.get('validity')}" for lab, r in invalid]
+        parts += [f"- {m}" for m in skipped]
+        parts += [""]
+    parts += ["## Commands", "", sources_section(merged), f"- `{plot_command}`", ""]
+    return "\n".join(parts)
+
+
+def plot(merged: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    all_bs: set[int] = set()
+    for case in merged["cases"]:
+        s = case.get("summary") or bench.summarize_case(case)
+        xs, ys, lo, hi = [], [], [], []
+        for bs in sorted(s["by_bs"], key=int):
+            r = s["by_bs"][bs]
+            if r["ratio"] is None:
+                continue
+            xs.append(int(bs))
+            ys.append(r["ratio"])
+            pr = r.get("paired_ratio")
+            lo.append(r["ratio"] - (pr["min"] if pr else r["ratio"]))
+            hi.append((pr["max"] if pr else r["ratio"]) - r["ratio"])
+        if not xs:
+            continue
+        all_bs.update(xs)
+        ax.errorbar(xs, ys, yerr=[[max(v, 0) for v in lo], [max(v, 0) for v in hi]], marker="o", capsize=3,
+                    label=case_label(case))
+    ax.axhline(1.0, linestyle="--", color="grey", linewidth=1, label="1.0 (parity)")
+    ax.axhline(bench.TARGET_ELSEWHERE, linestyle=":", color="grey", linewidth=1, label="0.99 target")
+    ax.axhline(bench.TARGET_BS1, linestyle="--", color="red", linewidth=1, label="1.10 target (bs 1, triton-nopcg)")
+    ax.set_xscale("log", base=2)
+    if all_bs:
+        ax.set_xticks(sorted(all_bs))
+        ax.set_xticklabels([str(b) for b in sorted(all_bs)])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("decode tok/s, patched / stock")
+    envs = [s.get("env") or {} for s in merged["sources"]]
+    ax.set_title(f"sglang_futuremap_patch vs stock SGLang {_uniq([e.get('sglang_version') for e in envs])}"
+                 f" — {_uniq([e.get('gpu') for e in envs])}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def build(paths: Sequence[Path], out_dir: Path, *, merged_path: Path | None = None,
+          command: str = "python3 scripts/plot_bench.py", do_plot: bool = True) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    docs = bench.load_docs(paths)
+    merged = bench.merge_docs(docs)
+    merged["skipped_all"] = [d.get("skipped", []) for d in docs]
+    targets = bench.evaluate_targets(merged["cases"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = out_dir / "bench.png"
+    have_plot = plot(merged, png) if do_plot else png.exists()
+    (out_dir / "README.md").write_text(render_readme(merged, targets, png.name if have_plot else None, command))
+    if merged_path is not None:
+        import json
+
+        merged_path.write_text(json.dumps(dict(merged, targets=targets), indent=1))
+    return merged, targets
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", nargs="+", type=Path, help="bench_spec_v2.py JSON files")
+    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT.relative_to(ROOT)}")
+    p.add_argument("--merged", type=Path, help="also write the merged JSON here")
+    p.add_argument("--no-plot", action="store_true", help="README only")
+    args = p.parse_args(argv)
+    import shlex
+
+    command = shlex.join(["python3", "scripts/plot_bench.py", *(argv if argv is not None else sys.argv[1:])])
+    merged, targets = build(args.results, args.out_dir, merged_path=args.merged, command=command,
+                            do_plot=not args.no_plot)
+    for t in targets:
+        mark = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]
+        val = t["value"]
+        print(f"[{mark}] {t['case']}: {t['target']} ({'-' if val is None else f'{val:.3f}'})")
+    print(f"wrote {args.out_dir / 'README.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

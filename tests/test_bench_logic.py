@@ -1,0 +1,434 @@
+"""CPU tests of the decode benchmark's logic (scripts/bench_spec_v2.py, scripts/plot_bench.py).
+
+No GPU, no SGLang: the pure functions directly, and one end-to-end run of the orchestration
+against a fake ``sglang`` (an in-process "scheduler" that calls ``run_batch``) and a fake
+``torch`` (CUDA tensors and events that take a little time to "sync")."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import bench_spec_v2 as bench  # noqa: E402
+import plot_bench  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _trial(bs, tok_s, tpot=1.0, acc=4.0):
+    return {"bs": bs, "decode_tok_s": tok_s, "tpot_ms": tpot, "accept_length": acc, "e2e_tok_s": tok_s * 0.9}
+
+
+def _run(variant, rep, per_bs, *, valid=True, pass_="timed"):
+    return {
+        "variant": variant, "rep": rep, "pass": pass_, "valid": valid, "returncode": 0,
+        "validity": "ok" if valid else "plugin not applied",
+        "result": {"batches": {str(bs): {"trials": [_trial(bs, v) for v in vals]} for bs, vals in per_bs.items()}},
+    }
+
+
+def _case(model="tiny", backend="triton-nopcg", runs=(), probe=None, profile=None):
+    return {"model": model, "backend": backend, "engine_kwargs": {}, "runs": list(runs),
+            "probe": probe or {}, "profile": profile or {}}
+
+
+def _doc(cases, **kw):
+    d = bench.new_doc("bench_spec_v2.py --x", {"max_new_tokens": 256, "prompt_len": 64, "trials": 3})
+    d["env"] = {"gpu": "NVIDIA H200", "sglang_version": "0.5.12.post1", "torch_version": "2.11.0"}
+    d["cases"] = list(cases)
+    d.update(kw)
+    return d
+
+
+# ----------------------------------------------------------------------------- pure functions
+
+
+def test_parse_lists():
+    assert bench.parse_int_list("1, 4,16,48") == [1, 4, 16, 48]
+    with pytest.raises(ValueError):
+        bench.parse_int_list("0,1")
+    assert bench.parse_name_list("tiny,8b", bench.MODELS) == ["tiny", "8b"]
+    with pytest.raises(ValueError):
+        bench.parse_name_list("70b", bench.MODELS)
+
+
+def test_spread_quantiles():
+    s = bench.spread([4.0, None, 1.0, 3.0, 2.0])
+    assert s["n"] == 4 and s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 4.0
+    assert s["q1"] == pytest.approx(1.75) and s["q3"] == pytest.approx(3.25)
+    assert bench.spread([None]) is None
+    assert bench.spread([7.0])["q1"] == 7.0
+
+
+def test_decode_metrics_subtracts_prefill():
+    metas = [{"completion_tokens": 257, "spec_verify_ct": 64, "cached_tokens": 0}] * 4
+    m = bench.decode_metrics(4, 257, t_prefill_s=0.05, t_total_s=0.55, metas=metas)
+    assert m["decode_s"] == pytest.approx(0.5)
+    assert m["decode_tok_s"] == pytest.approx(4 * 256 / 0.5)
+    assert m["tpot_ms"] == pytest.approx(1000 * 0.5 / 256)
+    assert m["accept_length"] == pytest.approx(257 / 64)
+    assert m["short_outputs"] == 0
+    bad = bench.decode_metrics(1, 10, t_prefill_s=0.2, t_total_s=0.1, metas=[])
+    assert bad["decode_tok_s"] is None and bad["tpot_ms"] is None
+
+
+def test_accept_length_fallback():
+    assert bench.accept_length([{"spec_accept_length": 3.0}, {"spec_accept_length": 4.0}]) == 3.5
+    assert bench.accept_length([{"completion_tokens": 8, "spec_verify_ct": 2}, {"completion_tokens": 4,
+                                                                             "spec_verify_ct": 2}]) == 3.0
+    assert bench.accept_length([]) is None
+
+
+def test_prompts_fixed_and_fresh():
+    a = bench.make_prompts(4, 64, 4096, tag="decode-0")
+    assert a == bench.make_prompts(4, 64, 4096, tag="decode-0")
+    assert a != bench.make_prompts(4, 64, 4096, tag="decode-1")
+    assert all(len(p) == 64 and min(p) >= 3 and max(p) < 4096 for p in a)
+    assert len({tuple(p) for p in a}) == 4
+
+
+def test_engine_kwargs_backends(tmp_path):
+    t, d = bench.write_model_dirs("8b", tmp_path)
+    tc = json.loads(Path(t, "config.json").read_text())
+    dc = json.loads(Path(d, "config.json").read_text())
+    assert (tc["hidden_size"], tc["intermediate_size"], tc["num_hidden_layers"]) == (4096, 14336, 32)
+    assert (tc["num_attention_heads"], tc["num_key_value_heads"], tc["vocab_size"]) == (32, 8, 32000)
+    assert dc["num_hidden_layers"] == 1 and dc["hidden_size"] == 4096
+    t2, d2 = bench.write_model_dirs("tiny", tmp_path)
+    assert t2 == d2  # draft = target
+    nopcg = bench.engine_kwargs("8b", "triton-nopcg", t, d, [48, 1, 4, 16])
+    pcg = bench.engine_kwargs("8b", "triton-pcg", t, d, [1, 4], pcg_max_tokens=512)
+    fi = bench.engine_kwargs("tiny", "flashinfer", t2, d2, [1])
+    assert nopcg["disable_piecewise_cuda_graph"] is True and nopcg["attention_backend"] == "triton"
+    assert nopcg["cuda_graph_bs"] == [1, 4, 16, 48] and nopcg["cuda_graph_max_bs"] == 48
+    assert nopcg["load_format"] == "dummy" and nopcg["speculative_algorithm"] == "STANDALONE"
+    assert (nopcg["speculative_num_steps"], nopcg["speculative_eagle_topk"], nopcg["speculative_num_draft_tokens"]) == (3, 1, 4)
+    assert pcg["disable_piecewise_cuda_graph"] is False and pcg["piecewise_cuda_graph_max_tokens"] == 512
+    assert fi["attention_backend"] == "flashinfer" and fi["disable_piecewise_cuda_graph"] is True
+
+
+def test_plan_alternates():
+    plan = bench.plan_runs(3, probe=True, profile=False)
+    assert [(p, r) for p, r, _ in plan] == [("timed", 0), ("timed", 1), ("timed", 2), ("probe", 0)]
+    assert all([v for v, _ in pair] == ["stock", "patched"] for _, _, pair in plan)
+    assert all(dict(pair) == {"stock": "off", "patched": "strict"} for _, _, pair in plan)
+    assert bench.plan_runs(0, probe=False, profile=True) == [("timed", 0, list(bench.VARIANTS))]
+
+
+def test_summarize_case_medians_ratios_pairs():
+    runs = [
+        _run("stock", 0, {1: [100, 110, 90]}), _run("patched", 0, {1: [120, 130, 125]}),
+        _run("stock", 1, {1: [80, 80, 80]}), _run("patched", 1, {1: [100, 100, 100]}),
+        _run("stock", 2, {1: [300]}, valid=False),  # left out
+        _run("patched", 0, {1: [999]}, pass_="probe"),  # untimed: left out
+    ]
+    s = bench.summarize_case(_case(runs=runs))
+    row = s["by_bs"]["1"]
+    assert s["n_runs"] == {"stock": 2, "patched": 2} and s["invalid_runs"] == 1
+    assert row["stock"]["decode_tok_s"]["values"] == [80.0, 100.0]
+    assert row["patched"]["decode_tok_s"]["values"] == [100.0, 125.0]
+    assert row["ratio"] == pytest.approx(112.5 / 90.0)
+    assert row["paired_ratio"]["values"] == pytest.approx([1.25, 1.25])
+    assert row["blocked_reduction"] is None
+
+
+def test_summarize_probe_and_targets():
+    probe = {
+        "stock": {"by_bs": {"1": {"blocked_ms_per_iter": 2.0, "verify_done_ms_per_iter": 1.9, "syncs_per_iter": 3}}},
+        "patched": {"by_bs": {"1": {"blocked_ms_per_iter": 0.1, "verify_done_ms_per_iter": 0.0, "syncs_per_iter": 1}}},
+    }
+    c1 = _case(runs=[_run("stock", 0, {1: [100]}), _run("patched", 0, {1: [111]})], probe=probe)
+    c2 = _case(backend="triton-pcg", runs=[_run("stock", 0, {1: [100]}), _run("patched", 0, {1: [98]})])
+    s = bench.summarize_case(c1)
+    assert s["by_bs"]["1"]["blocked_reduction"] == pytest.approx(0.95)
+    t = {(x["case"], x["target"]): x for x in bench.evaluate_targets([c1, c2])}
+    assert t[("tiny/triton-nopcg bs 1", "decode tok/s ratio >= 1.10")]["met"] is True
+    assert t[("tiny/triton-nopcg bs 1", "blocked ms/iter down >= 90%")]["met"] is True
+    assert t[("tiny/triton-pcg bs 1", "decode tok/s ratio >= 0.99")]["met"] is False
+    assert ("tiny/triton-pcg bs 1", "blocked ms/iter down >= 90%") not in t  # no probe data, no target line
+
+
+def test_union_and_idle_fraction_on_synthetic_trace(tmp_path):
+    assert bench.union_length([(0, 10), (5, 15), (20, 30)]) == 25
+    assert bench.union_length([(0, 10), (5, 15), (20, 30)], lo=8, hi=25) == 12
+    assert bench.union_length([]) == 0
+    # 100 "iterations" of 10 us: kernels busy 0-6 us (two overlapping streams), idle 6-10 us.
+    events = [{"ph": "M", "name": "process_name"}, {"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1000}]
+    for i in range(100):
+        t0 = 1000.0 + 10 * i
+        events.append({"ph": "X", "cat": "kernel", "ts": t0, "dur": 4.0, "name": "k1"})
+        events.append({"ph": "X", "cat": "kernel", "ts": t0 + 2, "dur": 3.0, "name": "k2"})
+        events.append({"ph": "X", "cat": "gpu_memcpy", "ts": t0 + 5, "dur": 1.0, "name": "Memcpy DtoH"})
+    path = tmp_path / "x.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    ivs = bench.gpu_intervals(bench.load_trace(path))
+    assert len(ivs) == 300  # the CPU op and the metadata event are not GPU work
+    res = bench.idle_fraction(ivs, trim_head=0.0, trim_tail=0.0)
+    # Span 1000..1996 us; busy 6 us of each 10 (the last period ends at 1996).
+    assert res["idle_fraction"] == pytest.approx(1 - 600 / 996)
+    trimmed = bench.idle_fraction(ivs, trim_head=0.1, trim_tail=0.1)
+    assert 0.35 < trimmed["idle_fraction"] < 0.45
+    assert bench.idle_fraction([]) is None
+    kernels_only = bench.idle_fraction(bench.gpu_intervals({"traceEvents": events}, cats=("kernel",)), 0.0, 0.0)
+    assert kernels_only["idle_fraction"] > res["idle_fraction"]
+
+
+def test_summarize_sync_records():
+    site_vd = "Event.synchronize @ sglang/srt/managers/schedule_batch.py:2404 (maybe_wait_verify_done)"
+    site_cp = "Event.synchronize @ sglang/srt/managers/scheduler.py:10 (process_batch_result)"
+    rec = {
+        "pid": 7,
+        "iterations": {"warmup": {"DECODE": 50}, "bs=1": {"EXTEND": 2, "DECODE": 10}, "bs=4": {"DECODE": 5}},
+        "blocked": {
+            "warmup": {"DECODE": {site_vd: [100, 1.0]}},
+            "bs=1": {"DECODE": {site_vd: [20, 0.020], site_cp: [10, 0.005]}, "EXTEND": {site_cp: [2, 0.5]}},
+            "bs=4": {"DECODE": {site_cp: [5, 0.010]}},
+        },
+    }
+    s = bench.summarize_sync_records([rec, {"pid": 8, "iterations": {}}])
+    b1 = s["by_bs"]["1"]
+    assert b1["decode_iters"] == 10
+    assert b1["blocked_ms_per_iter"] == pytest.approx(2.5)
+    assert b1["verify_done_ms_per_iter"] == pytest.approx(2.0)
+    assert b1["syncs_per_iter"] == pytest.approx(3.0)
+    assert b1["top_sites"][0]["site"] == site_vd
+    assert s["by_bs"]["4"]["blocked_ms_per_iter"] == pytest.approx(2.0)
+    assert "warmup" not in s["by_bs"] and s["pids"] == [7]
+    assert bench.summarize_sync_records([]) is None
+
+
+def test_run_validity():
+    log = {"applied_pids": [10, 11], "applied_lines": 2, "disabled_lines": 0, "bad_lines": []}
+    assert bench.run_validity("patched", log, [11], 10)[0] is True
+    assert bench.run_validity("patched", log, [12], 10)[0] is False
+    assert bench.run_validity("patched", log, [], 10)[0] is False
+    off = {"applied_pids": [], "applied_lines": 0, "disabled_lines": 2, "bad_lines": []}
+    assert bench.run_validity("stock", off, [11], 10)[0] is True
+    assert bench.run_validity("stock", log, [11], 10)[0] is False
+
+
+def test_merge_docs_and_readme(tmp_path):
+    a = _doc([_case(runs=[_run("stock", 0, {1: [100], 4: [300]}), _run("patched", 0, {1: [120], 4: [290]})])])
+    b = _doc([
+        _case(runs=[_run("stock", 0, {1: [90], 4: [310]}), _run("patched", 0, {1: [99], 4: [305]})],
+              probe={"stock": {"by_bs": {"1": {"blocked_ms_per_iter": 2.0, "verify_done_ms_per_iter": 1.5,
+                                               "syncs_per_iter": 2.0, "top_sites": [
+                                                   {"site": "Event.synchronize @ x.py:1 (maybe_wait_verify_done)",
+                                                    "calls_per_iter": 2.0, "ms_per_iter": 1.5}]}}},
+                     "patched": {"by_bs": {"1": {"blocked_ms_per_iter": 0.5, "verify_done_ms_per_iter": 0.0,
+                                                 "syncs_per_iter": 1.0, "top_sites": []}}}},
+              profile={"stock": [{"bs": 1, "idle_fraction": 0.4}], "patched": [{"bs": 1, "idle_fraction": 0.1}]}),
+        _case(model="8b", runs=[_run("stock", 0, {1: [50]}), _run("patched", 0, {1: [60]})]),
+    ], skipped=["skipped probe rep 0 of 8b/triton-nopcg: 10 s left"])
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    merged = bench.merge_docs(bench.load_docs([pa, pb]))
+    assert [(c["model"], c["backend"], len(c["runs"])) for c in merged["cases"]] == [
+        ("tiny", "triton-nopcg", 4), ("8b", "triton-nopcg", 2)]
+    row = merged["cases"][0]["summary"]["by_bs"]["1"]
+    assert row["stock"]["decode_tok_s"]["values"] == [90.0, 100.0]
+    assert row["ratio"] == pytest.approx(109.5 / 95.0)
+    assert sorted(row["paired_ratio"]["values"]) == pytest.approx([1.1, 1.2])  # pairs within each file
+    assert row["blocked_reduction"] == pytest.approx(0.75)
+    assert row["idle_fraction"] == {"stock": 0.4, "patched": 0.1}
+
+    out = tmp_path / "out"
+    merged2, targets = plot_bench.build([pa, pb], out, merged_path=out / "merged.json", command="plot cmd",
+                                        do_plot=False)
+    text = (out / "README.md").read_text()
+    assert "| tiny triton-nopcg | 1 | 2/2 | 95.0 [90.0-100.0] | 109.5 [99.0-120.0] | 1.153 (1.100-1.200) |" in text
+    assert "2.000 / 0.500 (-75.0%)" in text and "40.0% / 10.0%" in text
+    assert "NVIDIA H200" in text and "0.5.12.post1" in text and "bench_spec_v2.py --x" in text
+    assert "plot cmd" in text and "skipped probe rep 0" in text
+    assert "maybe_wait_verify_done" in text
+    assert "**not met**" in text  # 8b bs 1 triton-nopcg: 60/50 = 1.2 met; tiny bs 4 ratio < 0.99 not met
+    t = {(x["case"], x["target"]): x["met"] for x in targets}
+    assert t[("8b/triton-nopcg bs 1", "decode tok/s ratio >= 1.10")] is True
+    assert t[("tiny/triton-nopcg bs 4", "decode tok/s ratio >= 0.99")] is False
+    assert t[("tiny/triton-nopcg bs 1", "blocked ms/iter down >= 90%")] is False
+    assert json.loads((out / "merged.json").read_text())["targets"]
+    with pytest.raises(ValueError):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({"schema": "other"}))
+        bench.load_docs([bad])
+
+
+def test_markdown_table_shape():
+    t = plot_bench.markdown_table(["a", "b"], [["1", "2"], ["3", "4"]])
+    assert t.splitlines() == ["| a | b |", "|---|---|", "| 1 | 2 |", "| 3 | 4 |"]
+
+
+# ----------------------------------------------------------------------------- end to end, fake SGLang
+
+FAKE_TORCH = '''
+import time
+__version__ = "0.0-fake"
+class _Version: cuda = "13.0-fake"
+version = _Version()
+class Tensor:
+    def __init__(self, v=1.0, is_cuda=True): self.v, self.is_cuda = v, is_cuda
+    def item(self):
+        if self.is_cuda: time.sleep(0.002 if _mode() == "off" else 0.0001)
+        return self.v
+    def tolist(self): return [self.v]
+    def cpu(self): return Tensor(self.v, False)
+    def to(self, *a, **k): return Tensor(self.v, not (a and a[0] == "cpu"))
+    def copy_(self, src, non_blocking=False): self.v = src.v; return self
+    def __bool__(self): return bool(self.v)
+    def __int__(self): return int(self.v)
+    def __float__(self): return float(self.v)
+def _mode():
+    import os
+    return os.environ.get("SGLANG_FUTUREMAP_PATCH")
+class _Cuda:
+    class Event:
+        def synchronize(self): time.sleep(0.001)
+    class Stream:
+        def synchronize(self): pass
+    @staticmethod
+    def synchronize(): pass
+    @staticmethod
+    def is_available(): return True
+    @staticmethod
+    def get_device_name(i=0): return "Fake GPU"
+cuda = _Cuda()
+class compiler:
+    @staticmethod
+    def is_compiling(): return False
+'''
+
+FAKE_SCHEDULER = '''
+import os, sys, time
+def load_plugins():
+    pid = os.getpid()
+    mode = os.environ.get("SGLANG_FUTUREMAP_PATCH")
+    if mode == "off":
+        msg = "sglang_futuremap_patch: disabled by SGLANG_FUTUREMAP_PATCH=off; SGLang fake left untouched"
+    else:
+        msg = f"sglang_futuremap_patch: applied 2 back-ports (5 targets) to SGLang fake [pid {pid}]: a, b"
+    print(f"[2026-01-01 00:00:00 INFO pid={pid}] {msg}", file=sys.stderr, flush=True)
+class Scheduler:
+    def run_batch(self, batch):
+        import torch
+        if batch.forward_mode.name == "DECODE":
+            torch.Tensor(1.0, True).item()   # the stock verify_done-like sync (2 ms), 0.1 ms patched
+            torch.Tensor(1.0, False).item()  # a CPU tensor: not a sync
+            time.sleep(0.0002)
+        return None
+'''
+
+FAKE_SGLANG = '''
+import gzip, json, math, os, time
+__version__ = "0.5.12.post1-fake"
+class _FM:
+    def __init__(self, name): self.name = name
+class _Batch:
+    def __init__(self, name): self.forward_mode = _FM(name)
+class Engine:
+    def __init__(self, **kw):
+        import setproctitle
+        setproctitle.setproctitle("sglang::scheduler")
+        from sglang.srt.managers import scheduler as sm
+        sm.load_plugins()
+        self.sched = sm.Scheduler()
+        self.kw = kw
+        self.prof = None
+    def get_server_info(self):
+        return dict(self.kw, version=__version__)
+    def generate(self, input_ids, sampling_params):
+        n = sampling_params[0]["max_new_tokens"]
+        self.sched.run_batch(_Batch("EXTEND"))
+        time.sleep(0.002)
+        iters = math.ceil((n - 1) / 4)
+        per = 0.0006 if os.environ.get("SGLANG_FUTUREMAP_PATCH") == "off" else 0.0005
+        for _ in range(iters):
+            self.sched.run_batch(_Batch("DECODE"))
+            time.sleep(per)
+        return [{"output_ids": [5] * n, "meta_info": {"completion_tokens": n, "spec_verify_ct": iters or 1,
+                 "cached_tokens": 0, "prompt_tokens": len(p)}} for p in input_ids]
+    def start_profile(self, output_dir=None, **kw):
+        self.prof = output_dir
+    def stop_profile(self):
+        ev = [{"ph": "X", "cat": "kernel", "ts": 10.0 * i, "dur": 7.0} for i in range(100)]
+        with gzip.open(os.path.join(self.prof, "1-TP-0.trace.json.gz"), "wt") as f:
+            json.dump({"traceEvents": ev}, f)
+    def shutdown(self): pass
+'''
+
+
+@pytest.fixture()
+def fake_site(tmp_path):
+    root = tmp_path / "fake"
+    (root / "torch").mkdir(parents=True)
+    (root / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    pkg = root / "sglang"
+    (pkg / "srt" / "managers").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(FAKE_SGLANG)
+    (pkg / "srt" / "__init__.py").write_text("")
+    (pkg / "srt" / "managers" / "__init__.py").write_text("")
+    (pkg / "srt" / "managers" / "scheduler.py").write_text(FAKE_SCHEDULER)
+    return root
+
+
+def _fake_bench(tmp_path, fake_site, *extra):
+    pytest.importorskip("setproctitle")
+    out = tmp_path / "res" / "bench.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(fake_site)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    cmd = [sys.executable, str(SCRIPTS / "bench_spec_v2.py"), "--model", "tiny", "--backend", "triton-nopcg",
+           "--batch-sizes", "1,4", "--max-new-tokens", "33", "--warmup-new-tokens", "5", "--out", str(out),
+           "--settle-s", "0.1", "--phase-settle-s", "0.12", "--gpu-release-s", "0", "--run-timeout", "60", *extra]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p, out, json.loads(out.read_text())
+
+
+def test_end_to_end_own_sync_probe(tmp_path, fake_site):
+    p, out, doc = _fake_bench(tmp_path, fake_site, "--reps", "0", "--sync-probe-impl", "own")
+    case = doc["cases"][0]
+    assert [(r["pass"], r["variant"], r["valid"]) for r in case["runs"]] == [
+        ("probe", "stock", True), ("probe", "patched", True)]
+    ps, pp = case["probe"]["stock"]["by_bs"], case["probe"]["patched"]["by_bs"]
+    assert ps["1"]["decode_iters"] == 8 and ps["4"]["decode_iters"] == 8  # ceil(32 / 4) per decode request
+    assert ps["1"]["syncs_per_iter"] == pytest.approx(1.0)
+    assert ps["1"]["top_sites"][0]["site"].startswith("Tensor.item @ sglang/srt/managers/scheduler.py")
+    assert ps["1"]["blocked_ms_per_iter"] > 1.5 and pp["1"]["blocked_ms_per_iter"] < 0.6
+
+
+def test_end_to_end_with_fake_sglang(tmp_path, fake_site):
+    p, out, doc = _fake_bench(tmp_path, fake_site, "--reps", "1", "--trials", "2", "--profile",
+                              "--profile-batch-sizes", "1", "--profile-trim-head", "0", "--profile-trim-tail", "0")
+    assert doc["config"]["sync_probe_impl"] == ("smoke" if (SCRIPTS / "gpu_probe" / "smoke_sync_probe.py").exists()
+                                                else "own")
+    case = doc["cases"][0]
+    order = [(r["pass"], r["variant"]) for r in case["runs"]]
+    assert order == [("timed", "stock"), ("timed", "patched"), ("probe", "stock"), ("probe", "patched")]
+    assert all(r["valid"] for r in case["runs"]), [r["validity"] for r in case["runs"]]
+    assert doc["env"]["gpu"] == "Fake GPU" and doc["env"]["sglang_version"] == "0.5.12.post1-fake"
+    assert "--reps 1" in doc["command"]
+    row = case["summary"]["by_bs"]["1"]
+    assert row["stock"]["accept_length"]["median"] == pytest.approx(33 / 8)
+    assert row["ratio"] is not None and row["stock"]["tpot_ms"]["median"] > 0
+    # the sync probe saw the fake scheduler's decode iterations and their CUDA .item() syncs
+    ps, pp = case["probe"]["stock"]["by_bs"], case["probe"]["patched"]["by_bs"]
+    assert ps["1"]["decode_iters"] >= 8 and ps["1"]["syncs_per_iter"] == pytest.approx(1.0)
+    assert "Tensor.item @ " in ps["1"]["top_sites"][0]["site"] and "run_batch" in ps["1"]["top_sites"][0]["site"]
+    assert ps["1"]["blocked_ms_per_iter"] > 1.5 and pp["1"]["blocked_ms_per_iter"] < 0.6
+    assert row["blocked_reduction"] > 0.7
+    prof = case["profile"]
+    assert prof["stock"][0]["idle_fraction"] == pytest.approx(1 - 700 / 997)
+    assert "bs   1:" in p.stdout and "blocked ms/iter" in p.stdout
+    logs = sorted(x.name for x in (out.parent / "bench-logs").iterdir())
+    assert len(logs) == 4 and logs[0].startswith("tiny-triton-nopcg-")
