@@ -435,6 +435,12 @@ def _splice_function(text: str, target: Target) -> str:
 
 
 def _value_statement(target: Target) -> str:
+    """The module-level statement that binds a ``value`` target in the source.
+
+    ``import_line`` is an import, or one assignment (``NAME = expression``) for a value
+    computed when the module is imported (e.g. read from the environment); the plugin
+    computes the same expression when it is imported.
+    """
     cls, attr = _split_name(target)
     if cls is None and target.import_line:
         stmt = ast.parse(target.import_line).body
@@ -442,6 +448,8 @@ def _value_statement(target: Target) -> str:
             (a.asname or a.name).split(".")[0]
             for s in stmt if isinstance(s, (ast.Import, ast.ImportFrom)) for a in s.names
         }
+        if len(stmt) == 1 and isinstance(stmt[0], ast.Assign):
+            bound |= {t.id for t in stmt[0].targets if isinstance(t, ast.Name)}
         if attr not in bound:
             raise SeriesError(f"{target.path}: import_line does not bind {attr}")
         return target.import_line.strip() + "\n"
@@ -900,6 +908,36 @@ def _prepare(repo: Path, patches_dir: Path | None):
         return str(exc)
 
 
+def _series_present(layout: _Layout, patches: list[Path]) -> bool:
+    """Whether HEAD already carries the whole series: it reverts cleanly, last patch first.
+
+    ``git am --3way`` alone cannot tell when a later patch rewrote lines an earlier one
+    added (a function replaced twice): the earlier patch then conflicts instead of being
+    recognised as applied.
+    """
+    with tempfile.TemporaryDirectory(prefix="sglang-futuremap-present-") as tmp:
+        wt = Path(tmp) / "worktree"
+        if _git(layout.toplevel, "worktree", "add", "-q", "--detach", str(wt), "HEAD",
+                check=False).returncode != 0:
+            return False
+        try:
+            for patch in reversed(patches):
+                proc = subprocess.run(
+                    ["git", "-C", str(wt), "apply", "-R", *layout.am_args, str(patch.resolve())],
+                    env=_user_env(), capture_output=True, text=True,
+                )
+                if proc.returncode != 0:
+                    return False
+            return True
+        finally:
+            _git(layout.toplevel, "worktree", "remove", "--force", str(wt), check=False)
+            _git(layout.toplevel, "worktree", "prune", check=False)
+
+
+def _already_applied_message(repo: Path) -> str:
+    return f"the series is already applied to {repo}; nothing to do"
+
+
 def check(repo: Path, patches_dir: Path | None = None) -> tuple[bool, str]:
     """Whether the series applies to the git checkout at ``repo``; nothing there changes.
 
@@ -911,6 +949,8 @@ def check(repo: Path, patches_dir: Path | None = None) -> tuple[bool, str]:
     if isinstance(prepared, str):
         return False, prepared
     layout, patches = prepared
+    if _series_present(layout, patches):
+        return False, _already_applied_message(repo)
     with tempfile.TemporaryDirectory(prefix="sglang-futuremap-check-") as tmp:
         wt = Path(tmp) / "worktree"
         added = _git(layout.toplevel, "worktree", "add", "-q", "--detach", str(wt), "HEAD",
@@ -932,6 +972,8 @@ def apply(repo: Path, patches_dir: Path | None = None) -> tuple[bool, str]:
     if isinstance(prepared, str):
         return False, prepared
     layout, patches = prepared
+    if _series_present(layout, patches):
+        return False, _already_applied_message(repo)
     ok, out = _am(layout.toplevel, layout, patches)
     if not ok:
         return False, out + f"\nnothing was applied (git am --abort restored {repo})"

@@ -127,8 +127,17 @@ _IMPORT_CHECK = textwrap.dedent(
     modules = sorted({t.owner for bp in series for t in bp.targets})
     for name in modules:
         importlib.import_module(name)
+    # A path replaced again by a later back-port: only its last applied link (or, when
+    # none is applied, its first link) says what the tree must hold.
+    links = {}
     for i, bp in enumerate(series):
         for t in bp.targets:
+            links.setdefault(t.path, []).append(i)
+    for i, bp in enumerate(series):
+        for t in bp.targets:
+            done = [j for j in links[t.path] if j < applied]
+            if i != (done[-1] if done else links[t.path][0]):
+                continue
             mod = sys.modules[t.owner]
             *parents, attr = t.name.split(".")
             owner = mod
