@@ -213,6 +213,9 @@ class ContractWorker:
     """
 
     accepts_on_publish = True
+    #: Whether decode forwards get the seq_lens host mirror (``needs_cpu_seq_lens``);
+    #: a prefill always has one (its lengths are built on the host).
+    mirror = True
 
     def __init__(self, truth: dict[str, int], relay_hidden: bool):
         self.truth = truth
@@ -241,6 +244,11 @@ class ContractWorker:
         expected = [self.truth[r] for r in rids]
         got = mwb.seq_lens.tolist()
         assert got == expected, f"worker got seq_lens {got}, truth {expected} for {rids}"
+        if not self.mirror and not mwb.forward_mode.is_extend():
+            assert mwb.seq_lens_cpu is None and mwb.seq_lens_sum is None, (
+                "needs_cpu_seq_lens is off but the worker got a host mirror "
+                f"{mwb.seq_lens_cpu} / {mwb.seq_lens_sum}")
+            return expected
         assert mwb.seq_lens_cpu.device.type == "cpu"
         assert mwb.seq_lens_cpu.tolist() == expected, (
             f"worker got seq_lens_cpu {mwb.seq_lens_cpu.tolist()}, truth {expected}")
@@ -363,8 +371,12 @@ def make_pools(pool_size: int, context_len: int, kv_tokens: int):
 
 
 def make_scheduler(worker, algorithm: str, req_to_token_pool, allocator, tree_cache,
-                   model_config):
-    """A ``Scheduler`` without ``__init__``, set up by the real (patched) ``init_overlap``."""
+                   model_config, server_args=None, target_attn_backend=None):
+    """A ``Scheduler`` without ``__init__``, set up by the real (patched) ``init_overlap``.
+
+    ``server_args``: what ``init_overlap`` and ``run_batch`` read (default: piecewise CUDA
+    graph on, as in a default server, so the seq_lens host mirror is kept).
+    """
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -379,6 +391,12 @@ def make_scheduler(worker, algorithm: str, req_to_token_pool, allocator, tree_ca
     s.spec_algorithm = SpeculativeAlgorithm.from_string(algorithm)
     s.req_to_token_pool = req_to_token_pool
     s.forward_stream = device_module.Stream()  # from tp_worker.get_worker_info() on a GPU
+    s.server_args = server_args or SimpleNamespace(
+        enable_dp_attention=False, elastic_ep_backend=None, enable_two_batch_overlap=False,
+        disable_piecewise_cuda_graph=False)
+    s.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(
+        attn_backend=target_attn_backend, model_is_mrope=False, use_ngram_embedding=False))
+    s.draft_worker = worker
     # What run_event_loop sets up (it uses this very no-op for CPU).
     s.schedule_stream = device_module.Stream(priority=0)
     s.schedule_stream.synchronize = lambda: None
@@ -387,7 +405,6 @@ def make_scheduler(worker, algorithm: str, req_to_token_pool, allocator, tree_ca
     s.is_generation = True
     s.forward_ct = 0
     s.forward_sleep_time = None
-    s.server_args = SimpleNamespace(enable_dp_attention=False, elastic_ep_backend=None)
     s.model_worker = worker
     # What _profile_batch_predicate reads (profiler off, as in a default server).
     s.profile_by_stage = False

@@ -56,9 +56,10 @@ def test_revert_twice_and_apply_after_revert(clean_state):
 def test_replacements_are_marked_and_keep_the_original(clean_state):
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
-    stock = ScheduleBatch.__dict__["filter_batch"]
+    # (filter_batch is replaced again by a later back-port; this one is not)
+    stock = ScheduleBatch.__dict__["maybe_wait_verify_done"]
     plugin.apply(mode="strict")
-    patched = ScheduleBatch.__dict__["filter_batch"]
+    patched = ScheduleBatch.__dict__["maybe_wait_verify_done"]
     assert getattr(patched, _engine.MARK) == "drop-verify-done"
     assert patched.__wrapped__ is stock
     assert patched.__module__ == "sglang.srt.managers.schedule_batch"

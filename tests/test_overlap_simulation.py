@@ -92,21 +92,54 @@ def rig(patched, monkeypatch):
 
 
 class Simulation:
-    def __init__(self, algorithm, worker_cls, probe):
+    def __init__(self, algorithm, worker_cls, probe, mirror=True):
+        """``mirror`` False: every attention backend is Triton and piecewise CUDA graph is
+        off, so ``init_overlap`` must turn the seq_lens host mirror off (back-port 4)."""
+        from sglang.srt.layers.attention.triton_backend import (
+            TritonAttnBackend,
+            TritonMultiStepDraftBackend,
+        )
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.speculative.spec_utils import spec_need_hidden_states
 
         self.algorithm = algorithm
         self.probe = probe
+        self.mirror = mirror
         self.truth: dict[str, int] = {}
         self.worker = worker_cls(self.truth, relay_hidden=spec_need_hidden_states())
+        self.worker.mirror = mirror
         self.req_to_token_pool, self.allocator, self.tree_cache = make_pools(
             POOL_SIZE, CONTEXT_LEN, kv_tokens=4096)
         self.model_config = SimpleNamespace(
             vocab_size=VOCAB, is_encoder_decoder=False, is_matryoshka=False,
             hidden_size=HIDDEN, context_len=CONTEXT_LEN)
+        server_args = None
+        if not mirror:
+            server_args = SimpleNamespace(
+                enable_dp_attention=False, elastic_ep_backend=None,
+                enable_two_batch_overlap=False, disable_piecewise_cuda_graph=True)
+            # Real backend classes (no __init__: their declaration is all that is read).
+            self.worker.spec_v2_attn_backends = (
+                object.__new__(TritonAttnBackend),
+                object.__new__(TritonMultiStepDraftBackend),
+                object.__new__(TritonAttnBackend),
+            )
         self.sched = make_scheduler(self.worker, algorithm, self.req_to_token_pool,
-                                    self.allocator, self.tree_cache, self.model_config)
+                                    self.allocator, self.tree_cache, self.model_config,
+                                    server_args=server_args)
+        assert self.sched.future_map.needs_cpu_seq_lens == mirror
+        # Every host read inside resolve_seq_lens_cpu (the one place the mirror is made).
+        self.resolve_hits: list[list[tuple[str, bool]]] = []
+        fm = self.sched.future_map
+        resolve = fm.resolve_seq_lens_cpu
+
+        def probed_resolve(batch):
+            with self.probe.armed():
+                resolve(batch)
+            self.resolve_hits.append(
+                [h for h in self.probe.take() if h[0].startswith("Tensor.")])
+
+        fm.resolve_seq_lens_cpu = probed_resolve
         # As Scheduler.__init__ creates it.
         self.running = ScheduleBatch(reqs=[], batch_is_full=False)
         self.last_batch = None
@@ -154,9 +187,14 @@ class Simulation:
     def _assert_consistent(self, batch, where):
         """Launched (or resolved) lengths: mirror and sum agree, rows line up."""
         n = len(batch.reqs)
-        assert batch.seq_lens.shape == (n,) and batch.seq_lens_cpu.shape == (n,), where
-        assert batch.seq_lens_cpu.device.type == "cpu", where
-        assert batch.seq_lens.tolist() == batch.seq_lens_cpu.tolist(), where
+        if batch.seq_lens_cpu is None:
+            # Only without the mirror; a prefill batch always has one.
+            assert not self.mirror and batch.forward_mode.is_decode(), where
+            assert batch.seq_lens.shape == (n,), where
+        else:
+            assert batch.seq_lens.shape == (n,) and batch.seq_lens_cpu.shape == (n,), where
+            assert batch.seq_lens_cpu.device.type == "cpu", where
+            assert batch.seq_lens.tolist() == batch.seq_lens_cpu.tolist(), where
         # A request released by the previous result's processing keeps its row (and slot
         # number) until the next filter_batch; every other row must match its request.
         for idx, r in zip(batch.req_pool_indices.tolist(), batch.reqs):
@@ -221,7 +259,7 @@ class Simulation:
         if self.running.is_empty():
             return None
         before = len(self.running.reqs)
-        launched = self.running.seq_lens_cpu.tolist()
+        launched = self.running.seq_lens.tolist()  # outside the probe
         kept = [i for i, r in enumerate(self.running.reqs) if not r.finished()]
         with self.probe.armed(self.running.seq_lens):
             self.running = self.sched.update_running_batch(self.running)
@@ -231,7 +269,7 @@ class Simulation:
             return None
         self._assert_consistent(self.running, "prepared decode batch")
         # prepare_for_decode keeps the launched lengths (the forward resolves them).
-        assert self.running.seq_lens_cpu.tolist() == [launched[i] for i in kept]
+        assert self.running.seq_lens.tolist() == [launched[i] for i in kept]
         if len(self.running.reqs) < before:
             self.stats["filtered"] += 1
             assert self.running.seq_lens_sum is None, "spec v2 filter must defer seq_lens_sum"
@@ -286,8 +324,11 @@ class Simulation:
                 assert seen["rids"] == rids and seen["seq_lens"] == expected
                 # After run_batch the batch holds what it launched with (resolved lengths).
                 assert batch.seq_lens.tolist() == expected, (it, rids)
-                assert batch.seq_lens_cpu.tolist() == expected, (it, rids)
-                assert batch.seq_lens_sum == sum(expected), (it, rids)
+                if self.mirror or batch.forward_mode.is_extend():
+                    assert batch.seq_lens_cpu.tolist() == expected, (it, rids)
+                    assert batch.seq_lens_sum == sum(expected), (it, rids)
+                else:
+                    assert batch.seq_lens_cpu is None and batch.seq_lens_sum is None, it
                 self._assert_consistent(batch, f"iteration {it} after run_batch")
                 # What the next resolve will read: the lengths after this forward.
                 assert fm.new_seq_lens_buf[batch.req_pool_indices].tolist() == [
@@ -316,13 +357,23 @@ def _all_done(sim):
 # --------------------------------------------------------------------------- tests
 
 
+@pytest.mark.parametrize("mirror", [True, False], ids=["mirror", "no_mirror"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("worker_cls", [ContractWorker, NoCallbackWorker],
                          ids=["on_publish", "safety_net"])
-def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls):
+def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls, mirror):
     rig.use(algorithm)
-    sim = Simulation(algorithm, worker_cls, rig.probe).run()
+    sim = Simulation(algorithm, worker_cls, rig.probe, mirror=mirror).run()
     _all_done(sim)
+    # resolve_seq_lens_cpu ran before every decode; it reads the device lengths back
+    # exactly when the mirror is on (back-port 4: never without it).
+    assert len(sim.resolve_hits) == len(sim.worker.calls)
+    with_d2h = [hits for hits in sim.resolve_hits if hits]
+    if mirror:
+        assert len(with_d2h) == sum(not c["extend"] for c in sim.worker.calls), with_d2h
+        assert all(("Tensor.cpu", False) in hits for hits in with_d2h), with_d2h
+    else:
+        assert with_d2h == [], f"seq_lens read back to the host without a mirror: {with_d2h}"
     st = sim.stats
     # The scenario really exercised what it claims to.
     assert sum(len(c["rids"]) for c in sim.worker.calls if c["extend"]) == len(sim.reqs)

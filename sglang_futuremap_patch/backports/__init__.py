@@ -12,6 +12,7 @@ SERIES: tuple[str, ...] = (
     "worker_on_publish",
     "publish_stash",
     "drop_verify_done",
+    "cpu_seq_lens_optional",
     "fused_gather",
 )
 
