@@ -17,6 +17,8 @@ import pytest
 from conftest import FLAVOUR, ROOT, subprocess_env
 
 BEHAVIOUR_TESTS = ["tests/test_overlap_simulation.py", "tests/test_future_map.py",
+                   "tests/test_private_d2h.py", "tests/test_fused_gather.py",
+                   "tests/test_cpu_seq_lens_optional.py",
                    "tests/test_selfcheck.py"]
 
 pytestmark = pytest.mark.skipif(FLAVOUR != "plugin", reason="this file starts the other flavour")

@@ -13,6 +13,7 @@ SERIES: tuple[str, ...] = (
     "publish_stash",
     "drop_verify_done",
     "cpu_seq_lens_optional",
+    "private_d2h",
     "fused_gather",
 )
 

@@ -1,0 +1,108 @@
+"""Back-port: the seq_lens host mirror is copied on a private stream, gated on the publish alone.
+
+Upstream: sgl-project/sglang#26380 (pinned buffer + private D2H stream) and #26463 (why the copy
+runs there). Applies to: SGLang 0.5.12 and 0.5.12.post1. Delete when users are on 0.5.13+.
+Depends on the back-ports before it (it replaces their ``resolve_seq_lens_cpu`` and
+``init_spec_relay`` again).
+
+Why: for attention backends that still need ``seq_lens_cpu`` (FlashInfer, FA3, MLA, ...),
+``resolve_seq_lens_cpu`` ends with one device-to-host copy per iteration. Done as
+``seq_lens.cpu()`` on the schedule stream, the host also waits for everything queued on that
+stream since the last iteration (the KV-slot writes of ``prepare_for_decode``, the gather right
+before it), and the copy goes through pageable memory. Here a private stream waits for the
+``publish_ready`` event only and copies the whole length buffer into a pinned host buffer, so
+the host wakes up as soon as verify has published. (Upstream needed this to step around its WAR
+barrier on the schedule stream; 0.5.12.x has no such barrier, so what is left is the smaller
+gain described above.)
+
+How: ``init_spec_relay`` allocates the pinned buffer and the stream when the mirror is needed
+and the relay lives on CUDA; ``resolve_seq_lens_cpu`` picks the batch's rows from the host copy
+by each request's pool slot, which the host already knows. Without CUDA, or before the first
+publish, it falls back to the plain ``.cpu()``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_futuremap_patch._engine import Backport, Target
+
+
+def init_spec_relay(self, req_to_token_pool, forward_stream, needs_cpu_seq_lens=True):
+    """Index the speculative relay by request-pool slot (the scheduler calls this once).
+
+    ``needs_cpu_seq_lens`` False: ``resolve_seq_lens_cpu`` refreshes only the device lengths.
+    """
+    self.req_pool_size = req_to_token_pool.req_to_token.shape[0]
+    self.forward_stream = forward_stream
+    self.needs_cpu_seq_lens = needs_cpu_seq_lens
+    self.new_seq_lens_buf = torch.zeros(
+        (self.req_pool_size,), dtype=torch.int64, device=self.device
+    )
+    # Host mirror of the whole length buffer, filled on a private stream (CUDA only).
+    if needs_cpu_seq_lens and self.new_seq_lens_buf.is_cuda:
+        self.new_seq_lens_cpu_pinned = torch.empty(
+            (self.req_pool_size,), dtype=torch.int64, pin_memory=True
+        )
+        self.seq_lens_d2h_stream = torch.get_device_module(self.device).Stream()
+    else:
+        self.new_seq_lens_cpu_pinned = None
+        self.seq_lens_d2h_stream = None
+    # Created on first publish, on whatever device this map lives on.
+    self.publish_ready = None
+    # Lets the scheduler tell whether a worker published during its forward.
+    self.publish_count = 0
+    self.buf_initialized = False
+
+
+def resolve_seq_lens_cpu(self, batch):
+    """Schedule stream: refresh ``seq_lens`` from the last publish, and its host mirror and
+    sum when some backend needs them.
+
+    The stream waits on ``publish_ready`` instead of the host. With the mirror, the host
+    waits once per iteration, for the publish alone (below); without it, not at all: both
+    host values are None and the readers use the device lengths.
+    """
+    draft_input = batch.spec_info
+    future_indices = draft_input.future_indices if draft_input is not None else None
+    if future_indices is None:
+        return
+    if self.publish_ready is not None:
+        self.publish_ready.wait()
+    # The batch must advance every iteration, mirror or not.
+    batch.seq_lens = self.new_seq_lens_buf[future_indices.indices]
+    if not self.needs_cpu_seq_lens:
+        batch.seq_lens_cpu = None
+        batch.seq_lens_sum = None
+        return
+    if self.seq_lens_d2h_stream is None or self.publish_ready is None:
+        batch.seq_lens_cpu = batch.seq_lens.cpu()  # not CUDA, or nothing published yet
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        return
+    # A .cpu() here would sync the schedule stream and so also wait for the work queued on
+    # it since the last iteration; the private stream waits for the publish and nothing else.
+    stream = self.seq_lens_d2h_stream
+    stream.wait_event(self.publish_ready)
+    with torch.get_device_module(self.device).stream(stream):
+        self.new_seq_lens_cpu_pinned.copy_(self.new_seq_lens_buf, non_blocking=True)
+    stream.synchronize()
+    # The rows of the batch are its requests' pool slots, known on the host.
+    slots = torch.tensor([req.req_pool_idx for req in batch.reqs], dtype=torch.int64)
+    batch.seq_lens_cpu = self.new_seq_lens_cpu_pinned[slots]
+    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+
+
+_OVERLAP = "sglang.srt.managers.overlap_utils"
+
+BACKPORT = Backport(
+    id="private-d2h",
+    title="[Spec] Copy the spec-v2 seq_lens mirror on a private stream",
+    upstream_prs=(26380, 26463),
+    patch_file="0005-Spec-Copy-the-spec-v2-seq_lens-mirror-on-a-private-stream.patch",
+    summary="seq_lens_cpu D2H on a private stream gated on publish_ready, into a pinned buffer",
+    targets=(
+        Target(_OVERLAP, "FutureMap.init_spec_relay", init_spec_relay, expected="9244c9d9bd6d8735"),
+        Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", resolve_seq_lens_cpu,
+               expected="d3caf02926c63385"),
+    ),
+)
