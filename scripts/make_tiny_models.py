@@ -1,9 +1,17 @@
 #!/usr/bin/env python3
-"""Write a tiny Llama target and a correlated STANDALONE draft as real checkpoints.
+"""Write a tiny Llama target, a correlated STANDALONE draft and an EAGLE3 draft as real
+checkpoints, plus an offline word-level tokenizer for the target.
 
-Offline model factory for the GPU smoke test. Both models are ``LlamaForCausalLM``
-directories holding ``config.json`` + ``model.safetensors`` generated from a fixed seed,
-so every machine builds bit-identical weights without any download.
+Offline model factory for the GPU tests. Every model directory holds ``config.json`` +
+``model.safetensors`` generated from a fixed seed, so every machine builds bit-identical
+weights without any download:
+
+* ``target/``: ``LlamaForCausalLM`` with ``tokenizer.json`` (token ``i`` is the word
+  ``w<i>``, ids 0..2 are pad/bos/eos), so text prompts, stop strings and the HTTP server work;
+* ``draft/``: ``LlamaForCausalLM``, the STANDALONE draft (see below);
+* ``eagle3/``: ``LlamaForCausalLMEagle3``, one decoder layer over the target's three captured
+  hidden states (random: its drafts are mostly rejected, which exercises the reject paths;
+  the STANDALONE draft covers partial acceptance).
 
 Why not ``load_format="dummy"``: SGLang's dummy weights (uniform +-1e-3) make greedy
 decoding collapse into a period-2 cycle, which is a weak oracle for token-exact
@@ -31,6 +39,8 @@ from typing import Any
 
 TARGET_DIRNAME = "target"
 DRAFT_DIRNAME = "draft"
+EAGLE3_DIRNAME = "eagle3"
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2 (pad, bos, eos in llama_config)
 
 
 # ----------------------------------------------------------------------------- config
@@ -109,6 +119,48 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def eagle3_config(target: dict[str, Any]) -> dict[str, Any]:
+    """``config.json`` of a one-layer EAGLE3 draft for ``target`` (same widths and vocab)."""
+    cfg = dict(target, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1)
+    cfg["draft_vocab_size"] = target["vocab_size"]  # no hot-token map: full vocabulary
+    return cfg
+
+
+def expected_eagle3_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Tensor names of an EAGLE3 checkpoint as ``LlamaForCausalLMEagle3.load_weights`` maps
+    them: one ``midlayer`` whose attention reads [embedding, hidden] (2x wide) and an ``fc``
+    that folds the target's three captured hidden states into one."""
+    h = config["hidden_size"]
+    inter = config["intermediate_size"]
+    hd = config["head_dim"]
+    nq = config["num_attention_heads"] * hd
+    nkv = config["num_key_value_heads"] * hd
+    v = config["vocab_size"]
+    p = "midlayer."
+    return {
+        "embed_tokens.weight": (v, h),
+        "fc.weight": (h, 3 * h),
+        "norm.weight": (h,),
+        "lm_head.weight": (config["draft_vocab_size"], h),
+        p + "input_layernorm.weight": (h,),
+        p + "hidden_norm.weight": (h,),
+        p + "post_attention_layernorm.weight": (h,),
+        p + "self_attn.q_proj.weight": (nq, 2 * h),
+        p + "self_attn.k_proj.weight": (nkv, 2 * h),
+        p + "self_attn.v_proj.weight": (nkv, 2 * h),
+        p + "self_attn.o_proj.weight": (h, nq),
+        p + "mlp.gate_proj.weight": (inter, h),
+        p + "mlp.up_proj.weight": (inter, h),
+        p + "mlp.down_proj.weight": (h, inter),
+    }
+
+
+def shapes_for(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    if config["architectures"] == ["LlamaForCausalLMEagle3"]:
+        return expected_eagle3_shapes(config)
+    return expected_shapes(config)
+
+
 # ----------------------------------------------------------------------------- weights
 
 
@@ -158,6 +210,52 @@ def make_draft_weights(
     return out
 
 
+def make_eagle3_weights(
+    target: dict[str, "torch.Tensor"],  # noqa: F821
+    config: dict[str, Any],
+    *,
+    seed: int = 1234,
+    linear_std: float = 0.05,
+) -> dict[str, "torch.Tensor"]:  # noqa: F821
+    """EAGLE3 draft: the target's embedding, final norm and lm_head; random midlayer and fc."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed + 3)
+    shared = {"embed_tokens.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+              "lm_head.weight": "lm_head.weight"}
+    out: dict[str, torch.Tensor] = {}
+    for name, shape in expected_eagle3_shapes(config).items():
+        if name in shared:
+            t = target[shared[name]].clone()
+        elif name.endswith("norm.weight"):
+            t = (1.0 + 0.1 * torch.randn(shape, generator=gen)).to(torch.bfloat16)
+        else:
+            t = (linear_std * torch.randn(shape, generator=gen)).to(torch.bfloat16)
+        out[name] = t.contiguous()
+    return out
+
+
+def write_tokenizer(directory: Path, vocab_size: int) -> None:
+    """A word-level tokenizer: id ``i`` is the word ``w<i>`` (0..2 are the special tokens).
+
+    Built offline with ``tokenizers``; ``transformers.AutoTokenizer`` (and so SGLang) loads
+    it as a ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    pad, bos, eos = SPECIAL_TOKENS
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096,
+        "pad_token": pad, "bos_token": bos, "eos_token": eos, "add_bos_token": False,
+    }, indent=2) + "\n")
+
+
 def write_model(directory: Path, config: dict[str, Any], weights: dict[str, Any]) -> None:
     from safetensors.torch import save_file
 
@@ -178,7 +276,8 @@ def make_models(
     late_layer_scale: float = 0.5,
     **shape: Any,
 ) -> tuple[Path, Path]:
-    """Write ``out/target`` and ``out/draft``; returns their paths."""
+    """Write ``out/target`` (with its tokenizer), ``out/draft`` and ``out/eagle3``;
+    returns the target and STANDALONE draft paths."""
     if not 1 <= draft_layers <= target_layers:
         raise ValueError(f"draft_layers must be in 1..{target_layers}, got {draft_layers}")
     tcfg = llama_config(num_layers=target_layers, **shape)
@@ -195,7 +294,10 @@ def make_models(
     dw = make_draft_weights(tw, dcfg)
     tdir, ddir = out / TARGET_DIRNAME, out / DRAFT_DIRNAME
     write_model(tdir, tcfg, tw)
+    write_tokenizer(tdir, tcfg["vocab_size"])
     write_model(ddir, dcfg, dw)
+    ecfg = eagle3_config(tcfg)
+    write_model(out / EAGLE3_DIRNAME, ecfg, make_eagle3_weights(tw, ecfg, seed=seed, linear_std=linear_std))
     return tdir, ddir
 
 
@@ -208,7 +310,7 @@ def check_model_dir(directory: Path) -> list[str]:
 
     problems: list[str] = []
     config = json.loads((directory / "config.json").read_text())
-    want = expected_shapes(config)
+    want = shapes_for(config)
     with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
         have = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
         dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
@@ -259,7 +361,7 @@ def hf_greedy_probe(target: Path, draft: Path, prompts: int = 4, new_tokens: int
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="output directory; gets target/ and draft/")
+    p.add_argument("--out", type=Path, required=True, help="output directory; gets target/, draft/ and eagle3/")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--target-layers", type=int, default=4)
     p.add_argument("--draft-layers", type=int, default=2)
@@ -297,10 +399,10 @@ def main(argv: list[str] | None = None) -> int:
         vocab_size=args.vocab_size,
         max_position_embeddings=args.max_position_embeddings,
     )
-    print(f"wrote {tdir} and {ddir}")
+    print(f"wrote {tdir}, {ddir} and {args.out / EAGLE3_DIRNAME}")
     if not args.check:
         return 0
-    problems = check_model_dir(tdir) + check_model_dir(ddir)
+    problems = check_model_dir(tdir) + check_model_dir(ddir) + check_model_dir(args.out / EAGLE3_DIRNAME)
     for p in problems:
         print("PROBLEM:", p)
     if problems:

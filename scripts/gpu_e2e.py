@@ -1,0 +1,732 @@
+#!/usr/bin/env python3
+"""GPU end-to-end correctness suite: stock SGLang vs. SGLang + sglang_futuremap_patch.
+
+Every case starts two ``sglang.Engine`` processes on the same GPU, ``stock``
+(``SGLANG_FUTUREMAP_PATCH=off``) and ``patched`` (``strict``), runs the same scenario list in
+each, and compares them token for token. Cases run concurrently (``--jobs``); each Engine
+gets a small, fixed memory budget, so a whole matrix fits one GPU.
+
+Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
+
+* the matrix: {EAGLE3, STANDALONE} x {triton, flashinfer} x {CUDA graph on, off} x
+  {piecewise CUDA graph on, off}; scenarios ``bs1``, ``bs7``, ``bs48`` (decode batches of
+  1, 7 and 48), ``churn`` (96 requests of 4..700 tokens plus one of 1800 that is prefilled in
+  chunks of 512, max_new_tokens 8..160, at most 56 running: requests join as others finish,
+  so filter/merge run every few iterations), ``stop`` (``stop_token_ids`` taken from the
+  ``bs48`` outputs, EOS not ignored) and ``logprob`` (output and top-3 logprobs compared too);
+* ``retract``: a KV pool of 8192 tokens for 64 requests of ~450 tokens: SGLang must retract
+  (its "KV cache pool is full. Retract requests." line is required in both runs);
+* ``soak``: deterministic inference (batch-invariant kernels, so timing-dependent batching
+  cannot change a token): ``arrivals`` (64 requests at concurrency 8: requests arrive while
+  others decode) and ``soak`` (2000 requests of random lengths at concurrency 64, 5% aborted
+  mid-generation); GPU memory of the Engine's processes sampled every 200 requests;
+* ``text``: a word-level tokenizer (``make_tiny_models.py``): text prompts, ``stop`` strings,
+  decoded text compared too.
+
+Per case the checks are: both runs finished every scenario; outputs identical (aborted
+requests: the shorter output is a prefix of the longer); lengths as requested where EOS is
+ignored; logprobs identical where requested; the plugin's INFO line in every process of the
+patched run and its "disabled" line in the stock run; no plugin warning, error or traceback
+in either log; ``maybe_wait_verify_done`` called by the stock scheduler and never by the
+patched one; retraction seen (``retract``); no GPU memory growth after warm-up (``soak``).
+
+Results: ``--out DIR`` gets ``e2e-<shard>.json`` (everything) and ``e2e-<shard>.txt`` (the
+report). ``--merge`` turns one or more JSONs into the Markdown record
+(``results/gpu-e2e/README.md``). Exit status 0 only when every selected case passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fnmatch
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import gpu_smoke as smoke  # noqa: E402  (shared log scan, probe and subprocess plumbing)
+
+RUNS = (("stock", "off"), ("patched", "strict"))
+RETRACT_LINE = "KV cache pool is full. Retract requests."
+MEMORY_TOLERANCE_MIB = 64
+VOCAB_LO = 3  # ids 0..2 are pad/bos/eos in the tiny models
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    algorithm: str  # EAGLE3 | STANDALONE
+    backend: str  # triton | flashinfer
+    cuda_graph: bool
+    pcg: bool
+    profile: str  # matrix | retract | soak | text
+    extra: tuple[tuple[str, Any], ...] = ()
+
+
+def all_cases() -> list[Case]:
+    cases = []
+    for algo in ("EAGLE3", "STANDALONE"):
+        for backend in ("triton", "flashinfer"):
+            for graph in (True, False):
+                for pcg in (True, False):
+                    name = f"{algo.lower()}-{backend}-{'graph' if graph else 'nograph'}-{'pcg' if pcg else 'nopcg'}"
+                    cases.append(Case(name, algo, backend, graph, pcg, "matrix"))
+    cases.append(Case("retract-standalone-triton", "STANDALONE", "triton", True, False, "retract",
+                      (("max_total_tokens", 8192), ("max_running_requests", 64))))
+    cases.append(Case("soak-eagle3-triton-det", "EAGLE3", "triton", True, False, "soak",
+                      (("enable_deterministic_inference", True), ("max_running_requests", 64))))
+    cases.append(Case("text-standalone-flashinfer", "STANDALONE", "flashinfer", True, False, "text",
+                      (("skip_tokenizer_init", False),)))
+    return cases
+
+
+def select_cases(patterns: Sequence[str] | None, shard: str | None = None) -> list[Case]:
+    cases = all_cases()
+    if patterns:
+        cases = [c for c in cases if any(fnmatch.fnmatch(c.name, p) for p in patterns)]
+    if shard:
+        i, n = (int(x) for x in shard.split("/"))
+        cases = [c for k, c in enumerate(cases) if k % n == i - 1]
+    return cases
+
+
+def engine_kwargs(case: Case, models: Path) -> dict[str, Any]:
+    draft = models / ("eagle3" if case.algorithm == "EAGLE3" else "draft")
+    kw: dict[str, Any] = {
+        "model_path": str(models / "target"),
+        "speculative_draft_model_path": str(draft),
+        "speculative_algorithm": case.algorithm,
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+        "attention_backend": case.backend,
+        "sampling_backend": "pytorch",
+        "grammar_backend": "none",
+        "skip_tokenizer_init": True,
+        "disable_cuda_graph": not case.cuda_graph,
+        "disable_piecewise_cuda_graph": not case.pcg,
+        "chunked_prefill_size": 512,
+        "max_running_requests": 56,
+        "mem_fraction_static": 0.06,
+        "max_total_tokens": 65536,
+        "log_level": "info",
+        "random_seed": 0,
+    }
+    if case.cuda_graph:
+        kw["cuda_graph_max_bs"] = 64
+    if case.pcg:
+        kw["piecewise_cuda_graph_max_tokens"] = 512
+    kw.update(dict(case.extra))
+    return kw
+
+
+# ----------------------------------------------------------------------------- workloads
+
+
+def _ids(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(VOCAB_LO, vocab) for _ in range(n)]
+
+
+def _greedy(max_new: int, ignore_eos: bool = True, **more: Any) -> dict[str, Any]:
+    return dict({"temperature": 0.0, "max_new_tokens": max_new, "ignore_eos": ignore_eos}, **more)
+
+
+def scenarios(profile: str, vocab: int, seed: int = 20261122, soak_requests: int = 2000) -> list[dict[str, Any]]:
+    """The scenario list of a profile: plain data, the same in both runs of a case.
+
+    Kinds: ``batch`` (one ``generate`` call), ``stop_from`` (stop tokens taken from an earlier
+    scenario's outputs), ``async`` (concurrency-limited arrivals, optional aborts), ``text``."""
+    rng = random.Random(f"{seed}-{profile}")
+    out: list[dict[str, Any]] = []
+
+    def batch(name: str, lengths: Sequence[int], new: Sequence[int], **params: Any) -> dict[str, Any]:
+        prompts = [_ids(rng, n, vocab) for n in lengths]
+        return {"name": name, "kind": "batch", "input_ids": prompts,
+                "sampling_params": [_greedy(m, **params) for m in new]}
+
+    if profile == "matrix":
+        out.append(batch("bs1", [37], [96]))
+        out.append(batch("bs7", [5, 17, 40, 77, 128, 211, 300], [64] * 7))
+        out.append(batch("bs48", [rng.randrange(8, 200) for _ in range(48)], [64] * 48))
+        churn_len = [rng.randrange(4, 700) for _ in range(95)] + [1800]
+        rng.shuffle(churn_len)
+        out.append(batch("churn", churn_len, [rng.randrange(8, 161) for _ in churn_len]))
+        out.append({"name": "stop", "kind": "stop_from", "source": "bs48", "count": 24, "max_new_tokens": 64})
+        lp = batch("logprob", [9, 33, 60, 101, 150, 190, 240], [32] * 7)
+        lp.update(return_logprob=True, top_logprobs_num=3)
+        out.append(lp)
+    elif profile == "retract":
+        out.append(batch("retract", [rng.randrange(100, 200) for _ in range(64)], [300] * 64))
+    elif profile == "soak":
+        for name, n, conc, abort_frac in (("arrivals", 64, 8, 0.0), ("soak", soak_requests, 64, 0.05)):
+            lengths = [rng.randrange(4, 400) for _ in range(n)]
+            news = [rng.randrange(4, 128) for _ in range(n)]
+            aborts = {i: rng.randrange(1, 12) for i in range(n) if rng.random() < abort_frac}
+            out.append({"name": name, "kind": "async", "concurrency": conc,
+                        "input_ids": [_ids(rng, k, vocab) for k in lengths],
+                        "sampling_params": [_greedy(m) for m in news],
+                        "abort_after_chunks": {str(k): v for k, v in aborts.items()},
+                        "memory_every": 200 if name == "soak" else 0})
+    elif profile == "text":
+        texts = [" ".join(f"w{t}" for t in _ids(rng, n, vocab)) for n in (6, 25, 60, 130, 240, 333, 7, 90)]
+        out.append({"name": "text", "kind": "text", "prompts": texts,
+                    "sampling_params": [_greedy(48) for _ in texts]})
+        out.append({"name": "text_stop", "kind": "text_stop_from", "source": "text", "max_new_tokens": 48})
+    else:
+        raise ValueError(f"unknown profile {profile!r}")
+    return out
+
+
+def stop_token_choice(output: Sequence[int], index: int) -> int | None:
+    """The stop token for request ``index`` of a ``stop_from`` scenario: a token that the
+    unconstrained output emits at position 4..53 (so the constrained run stops early)."""
+    if len(output) < 6:
+        return None
+    return int(output[min(len(output) - 1, 4 + (index * 5) % 50)])
+
+
+def stop_string_choice(text: str, index: int) -> str | None:
+    """A stop string for ``text_stop``: the (index % 5 + 3)-th word of the unconstrained text."""
+    words = text.split()
+    k = index % 5 + 3
+    return f" {words[k]}" if len(words) > k + 1 else None
+
+
+# ----------------------------------------------------------------------------- worker (inside SGLang)
+
+
+def _gpu_memory_mib(pids: Sequence[int]) -> int | None:
+    """GPU memory used by these processes (nvidia-smi), or None when it cannot be read."""
+    try:
+        text = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    total, seen = 0, False
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) in pids:
+            total += int(parts[1]) if parts[1].isdigit() else 0
+            seen = True
+    return total if seen else None
+
+
+def _record(o: dict[str, Any]) -> dict[str, Any]:
+    meta = o.get("meta_info", {}) or {}
+    rec = {"output_ids": [int(t) for t in o.get("output_ids", [])],
+           "finish": (meta.get("finish_reason") or {}).get("type") if isinstance(meta.get("finish_reason"), dict)
+           else meta.get("finish_reason"),
+           "accept": meta.get("spec_accept_length")}
+    if "text" in o and o["text"] is not None:
+        rec["text"] = o["text"]
+    if meta.get("output_token_logprobs") is not None:
+        rec["logprobs"] = [[lp, tid] for lp, tid, *_ in meta["output_token_logprobs"]]
+    if meta.get("output_top_logprobs") is not None:
+        rec["top_logprobs"] = [[[lp, tid] for lp, tid, *_ in step] if step else None
+                               for step in meta["output_top_logprobs"]]
+    return rec
+
+
+def _run_async(engine: Any, sc: dict[str, Any], pids: Sequence[int]) -> dict[str, Any]:
+    prompts, params = sc["input_ids"], sc["sampling_params"]
+    aborts = {int(k): v for k, v in sc.get("abort_after_chunks", {}).items()}
+    results: list[dict[str, Any] | None] = [None] * len(prompts)
+    memory: list[list[int | None]] = []
+    done = 0
+
+    async def one(i: int, sem: asyncio.Semaphore) -> None:
+        nonlocal done
+        async with sem:
+            rid = f"{sc['name']}-{i}"
+            if i in aborts:
+                gen = await engine.async_generate(input_ids=prompts[i], sampling_params=params[i],
+                                                  stream=True, rid=rid)
+                last: dict[str, Any] = {}
+                chunks = 0
+                async for chunk in gen:
+                    last = {"output_ids": list(chunk.get("output_ids", [])), "meta_info": chunk.get("meta_info")}
+                    chunks += 1
+                    if chunks == aborts[i]:
+                        engine.tokenizer_manager.abort_request(rid)
+                rec = _record(last)
+                rec["abort_requested"] = True
+            else:
+                rec = _record(await engine.async_generate(input_ids=prompts[i], sampling_params=params[i], rid=rid))
+            results[i] = rec
+            done += 1
+            every = int(sc.get("memory_every") or 0)
+            if every and done % every == 0:
+                memory.append([done, _gpu_memory_mib(pids)])
+
+    async def main() -> None:
+        sem = asyncio.Semaphore(int(sc["concurrency"]))
+        await asyncio.gather(*(one(i, sem) for i in range(len(prompts))))
+
+    asyncio.get_event_loop().run_until_complete(main())
+    return {"outputs": results, "memory_mib": memory}
+
+
+def run_scenario(engine: Any, sc: dict[str, Any], done: dict[str, Any], pids: Sequence[int]) -> dict[str, Any]:
+    kind = sc["kind"]
+    if kind == "batch":
+        kw = {k: sc[k] for k in ("return_logprob", "top_logprobs_num") if k in sc}
+        outs = engine.generate(input_ids=sc["input_ids"], sampling_params=sc["sampling_params"], **kw)
+        return {"outputs": [_record(o) for o in outs]}
+    if kind == "stop_from":
+        src = done[sc["source"]]
+        srcsc = src["scenario"]
+        prompts, params, stops = [], [], []
+        for i, rec in enumerate(src["outputs"][: sc["count"]]):
+            stop = stop_token_choice(rec["output_ids"], i)
+            if stop is None:
+                continue
+            prompts.append(srcsc["input_ids"][i])
+            params.append(_greedy(sc["max_new_tokens"], ignore_eos=False, stop_token_ids=[stop]))
+            stops.append(stop)
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        return {"outputs": [_record(o) for o in outs], "stops": stops}
+    if kind == "async":
+        return _run_async(engine, sc, pids)
+    if kind == "text":
+        outs = engine.generate(prompt=sc["prompts"], sampling_params=sc["sampling_params"])
+        return {"outputs": [_record(o) for o in outs]}
+    if kind == "text_stop_from":
+        src = done[sc["source"]]
+        prompts, params, stops = [], [], []
+        for i, rec in enumerate(src["outputs"]):
+            stop = stop_string_choice(rec.get("text") or "", i)
+            if stop is None:
+                continue
+            prompts.append(src["scenario"]["prompts"][i])
+            params.append(_greedy(sc["max_new_tokens"], ignore_eos=False, stop=[stop]))
+            stops.append(stop)
+        outs = engine.generate(prompt=prompts, sampling_params=params)
+        return {"outputs": [_record(o) for o in outs], "stops": stops}
+    raise ValueError(f"unknown scenario kind {kind!r}")
+
+
+def worker_main(spec_path: Path) -> int:
+    spec = json.loads(spec_path.read_text())
+    import sglang
+
+    print(f"worker pid {os.getpid()} mode {os.environ.get(smoke.ENV_MODE)} sglang {sglang.__version__}", flush=True)
+    print("engine kwargs: " + json.dumps(spec["engine_kwargs"]), flush=True)
+    t0 = time.perf_counter()
+    engine = sglang.Engine(**spec["engine_kwargs"])
+    result: dict[str, Any] = {"pid": os.getpid(), "startup_s": time.perf_counter() - t0, "scenarios": {}}
+    try:
+        pids = list(engine.get_all_child_pids()) + [os.getpid()]
+        result["child_pids"] = pids
+        warm = {"temperature": 0.0, "max_new_tokens": 16, "ignore_eos": True}
+        if spec["engine_kwargs"].get("skip_tokenizer_init", True):
+            engine.generate(input_ids=[list(range(3, 19))], sampling_params=[warm])
+        else:
+            engine.generate(prompt=["w3 w4 w5 w6"], sampling_params=[warm])
+        result["memory_after_warmup_mib"] = _gpu_memory_mib(pids)
+        done: dict[str, Any] = {}
+        for sc in spec["scenarios"]:
+            t1 = time.perf_counter()
+            try:
+                res = run_scenario(engine, sc, done, pids)
+                res["scenario"] = sc
+                done[sc["name"]] = res
+                entry = {k: v for k, v in res.items() if k != "scenario"}
+            except Exception as exc:  # recorded: both runs failing alike means "unsupported"
+                import traceback
+
+                traceback.print_exc()
+                entry = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            entry["seconds"] = time.perf_counter() - t1
+            result["scenarios"][sc["name"]] = entry
+            print(f"scenario {sc['name']}: {entry.get('error', 'ok')} in {entry['seconds']:.1f} s", flush=True)
+        result["memory_end_mib"] = _gpu_memory_mib(pids)
+        time.sleep(float(spec.get("probe_settle_s", 2.0)))
+    finally:
+        Path(spec["result_path"]).write_text(json.dumps(result))
+        engine.shutdown()
+    return 0
+
+
+# ----------------------------------------------------------------------------- evaluation (pure)
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _first_diff(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if k is None and len(a) != len(b):
+        k = min(len(a), len(b))
+    return k
+
+
+def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: dict[str, Any] | None) -> list[Check]:
+    """Stock vs patched for one scenario (both are a run's ``scenarios[name]`` entry)."""
+    name = sc["name"]
+    if not stock or not patched:
+        return [Check(f"{name}: ran", False, "missing from a run")]
+    if "error" in stock or "error" in patched:
+        same = stock.get("error") == patched.get("error")
+        detail = f"stock: {stock.get('error', 'ok')}; patched: {patched.get('error', 'ok')}"
+        return [Check(f"{name}: ran", False, ("fails alike in stock SGLang: " if same else "") + detail)]
+    checks: list[Check] = []
+    so, po = stock["outputs"], patched["outputs"]
+    if len(so) != len(po) or any(o is None for o in so + po):
+        return [Check(f"{name}: ran", False, f"{len(so)} stock / {len(po)} patched outputs")]
+    exact_bad, prefix_bad, aborted = [], [], 0
+    for i, (s, p) in enumerate(zip(so, po)):
+        if s.get("abort_requested") or p.get("abort_requested"):
+            aborted += 1
+            a, b = s["output_ids"], p["output_ids"]
+            short, long_ = (a, b) if len(a) <= len(b) else (b, a)
+            if long_[: len(short)] != short:
+                prefix_bad.append(i)
+            continue
+        if s["output_ids"] != p["output_ids"] or s.get("text") != p.get("text") or s.get("finish") != p.get("finish"):
+            exact_bad.append((i, _first_diff(s["output_ids"], p["output_ids"])))
+    n = len(so)
+    checks.append(Check(f"{name}: outputs identical", not exact_bad,
+                        f"{n - aborted - len(exact_bad)}/{n - aborted} identical"
+                        + (f"; differ (request, first token): {exact_bad[:6]}" if exact_bad else "")))
+    if aborted:
+        checks.append(Check(f"{name}: aborted outputs agree as prefixes", not prefix_bad,
+                            f"{aborted} aborted, {len(prefix_bad)} disagree {prefix_bad[:6]}"))
+    params = sc.get("sampling_params")
+    if params and sc["kind"] in ("batch", "async", "text"):
+        short = [i for i, (p, o) in enumerate(zip(params, po))
+                 if p.get("ignore_eos") and not o.get("abort_requested") and len(o["output_ids"]) != p["max_new_tokens"]]
+        checks.append(Check(f"{name}: lengths as requested", not short,
+                            "every non-aborted output has max_new_tokens" if not short else f"requests {short[:8]}"))
+    if sc.get("return_logprob"):
+        bad = [i for i, (s, p) in enumerate(zip(so, po))
+               if s.get("logprobs") != p.get("logprobs") or s.get("top_logprobs") != p.get("top_logprobs")]
+        have = all(p.get("logprobs") for p in po)
+        checks.append(Check(f"{name}: logprobs identical", have and not bad,
+                            f"{n - len(bad)}/{n} identical" + ("" if have else "; logprobs missing")))
+    if "stops" in patched:
+        stopped = sum(1 for o in po if o.get("finish") in ("stop", "FINISH_MATCHED_TOKEN", "FINISH_MATCHED_STR"))
+        checks.append(Check(f"{name}: stops honoured", patched.get("stops") == stock.get("stops") and stopped > 0,
+                            f"{stopped}/{len(po)} finished on their stop token/string"))
+    return checks
+
+
+def memory_growth(samples: Sequence[Sequence[Any]]) -> tuple[int | None, str]:
+    """Largest rise of GPU memory over the first sample, in MiB. The first sample is taken
+    after the first 200 soak requests, when the batch has reached its full concurrency
+    (earlier, the caching allocator legitimately grows with the first large batches)."""
+    vals = [v for _, v in samples if v is not None]
+    if len(vals) < 2:
+        return None, f"too few GPU memory readings ({vals})"
+    return max(vals[1:]) - vals[0], f"samples every 200 requests {vals} MiB"
+
+
+def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str, Any], patched: dict[str, Any]) -> list[Check]:
+    checks: list[Check] = []
+    for name, run in (("stock", stock), ("patched", patched)):
+        res = run.get("result")
+        checks.append(Check(f"{name} run finished", run.get("returncode") == 0 and res is not None,
+                            f"returncode {run.get('returncode')}, {run.get('wall_s', 0):.0f} s"))
+    sres = (stock.get("result") or {}).get("scenarios", {})
+    pres = (patched.get("result") or {}).get("scenarios", {})
+    for sc in sc_list:
+        checks.extend(compare_scenario(sc, sres.get(sc["name"]), pres.get(sc["name"])))
+    slog: smoke.LogFindings = stock["log"]
+    plog: smoke.LogFindings = patched["log"]
+    sprobe: smoke.ProbeSummary = stock["probe"]
+    pprobe: smoke.ProbeSummary = patched["probe"]
+    main_pid = (patched.get("result") or {}).get("pid")
+    need = set(pprobe.scheduler_pids) | ({main_pid} if main_pid else set())
+    missing = sorted(need - set(plog.applied_pids))
+    checks.append(Check("patched log: applied in every process",
+                        bool(pprobe.scheduler_pids) and not missing and len(set(plog.applied_pids)) >= 2,
+                        f"applied by {plog.applied_pids}; main {main_pid}, schedulers {pprobe.scheduler_pids}"))
+    checks.append(Check("stock log: disabled", slog.disabled_lines >= 1 and slog.applied_lines == 0,
+                        f"{slog.disabled_lines} disabled / {slog.applied_lines} applied lines"))
+    for name, lf in (("stock", slog), ("patched", plog)):
+        checks.append(Check(f"{name} log: no plugin warnings/errors", not lf.bad_lines,
+                            "none" if not lf.bad_lines else " | ".join(lf.bad_lines[:3])))
+    checks.append(Check("stock scheduler waits on verify_done", sprobe.scheduler_calls > 0,
+                        f"{sprobe.scheduler_calls} maybe_wait_verify_done calls"))
+    checks.append(Check("patched never waits on verify_done", bool(pprobe.scheduler_pids) and pprobe.total_calls == 0,
+                        f"{pprobe.total_calls} calls"))
+    if case.profile == "retract":
+        counts = {n: r.get("retract_lines", 0) for n, r in (("stock", stock), ("patched", patched))}
+        checks.append(Check("retraction happened in both runs", all(v > 0 for v in counts.values()),
+                            f"'{RETRACT_LINE}' lines: {counts}"))
+    if case.profile == "soak":
+        pres_all = patched.get("result") or {}
+        mem = (pres_all.get("scenarios", {}).get("soak") or {}).get("memory_mib") or []
+        growth, detail = memory_growth(mem)
+        checks.append(Check(f"patched: GPU memory growth <= {MEMORY_TOLERANCE_MIB} MiB over the soak",
+                            growth is not None and growth <= MEMORY_TOLERANCE_MIB,
+                            f"growth {growth} MiB; {detail}"))
+    return checks
+
+
+# ----------------------------------------------------------------------------- orchestration
+
+
+def run_engine(case: Case, mode_name: str, mode: str, spec: dict[str, Any], work: Path, timeout: float,
+               log_config: Path) -> dict[str, Any]:
+    tag = f"{case.name}-{mode_name}"
+    probe_dir = work / f"probe-{tag}"
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    spec = dict(spec, result_path=str(work / f"result-{tag}.json"))
+    spec_path = work / f"spec-{tag}.json"
+    spec_path.write_text(json.dumps(spec))
+    log_path = work / f"{tag}.log"
+    env = smoke.subprocess_env(mode, probe_dir, log_config)
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = -9
+            log.write(f"\n[gpu_e2e] killed after {timeout:.0f} s\n")
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the worker's session: any SGLang child left
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    result_path = Path(spec["result_path"])
+    result = json.loads(result_path.read_text()) if result_path.exists() else None
+    text = log_path.read_text(errors="replace")
+    print(f"   {tag}: rc {rc}, {time.perf_counter() - t0:.0f} s", flush=True)
+    return {"mode": mode, "returncode": rc, "wall_s": time.perf_counter() - t0, "result": result,
+            "log": smoke.scan_log(text), "probe": smoke.summarize_probe(smoke.read_probe_dir(probe_dir)),
+            "retract_lines": text.count(RETRACT_LINE), "log_path": str(log_path),
+            "log_excerpt": smoke.trim_log(text, max_lines=25, tail=8)}
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    passed: bool
+    checks: list[Check]
+    wall_s: float
+    runs: dict[str, Any] = field(default_factory=dict)
+
+
+def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, timeout: float,
+              stagger_s: float, soak_requests: int) -> list[CaseResult]:
+    vocab = json.loads((models / "target" / "config.json").read_text())["vocab_size"]
+    log_config = work / "logging.json"
+    log_config.write_text(json.dumps(smoke.logging_config()))
+    start_lock = threading.Lock()
+    last_start = [0.0]
+
+    def one(case: Case, mode_name: str, mode: str) -> dict[str, Any]:
+        # Engines profile free GPU memory at start-up: keep their starts a little apart.
+        with start_lock:
+            wait = last_start[0] + stagger_s - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            last_start[0] = time.monotonic()
+        spec = {"engine_kwargs": engine_kwargs(case, models),
+                "scenarios": scenarios(case.profile, vocab, soak_requests=soak_requests)}
+        return run_engine(case, mode_name, mode, spec, work, timeout, log_config)
+
+    # The slowest starts (piecewise CUDA graph, the soak) go first.
+    order = sorted(cases, key=lambda c: (not c.pcg, c.profile != "soak"))
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {(c.name, m): pool.submit(one, c, m, mode) for c in order for m, mode in RUNS}
+        results = []
+        for c in cases:
+            runs = {m: futures[(c.name, m)].result() for m, _ in RUNS}
+            checks = evaluate_case(c, scenarios(c.profile, vocab, soak_requests=soak_requests), runs["stock"], runs["patched"])
+            ok = all(x.ok for x in checks)
+            print(f"case {c.name}: {'PASSED' if ok else 'FAILED'}", flush=True)
+            results.append(CaseResult(c, ok, checks, time.perf_counter() - t0, runs))
+    return results
+
+
+def case_summary(r: CaseResult) -> dict[str, Any]:
+    def run_info(run: dict[str, Any]) -> dict[str, Any]:
+        res = run.get("result") or {}
+        scen = res.get("scenarios", {})
+        accepts = [o.get("accept") for s in scen.values() for o in (s.get("outputs") or []) if o and o.get("accept")]
+        return {"returncode": run["returncode"], "wall_s": round(run["wall_s"], 1),
+                "startup_s": round(res.get("startup_s", 0.0), 1),
+                "mean_accept_length": round(sum(accepts) / len(accepts), 3) if accepts else None,
+                "scenario_seconds": {k: round(v.get("seconds", 0.0), 1) for k, v in scen.items()},
+                "requests": sum(len(s.get("outputs") or []) for s in scen.values()),
+                "output_tokens": sum(len(o["output_ids"]) for s in scen.values() for o in (s.get("outputs") or []) if o),
+                "memory_mib": (scen.get("soak") or {}).get("memory_mib"),
+                "memory_after_warmup_mib": res.get("memory_after_warmup_mib"),
+                "retract_lines": run.get("retract_lines"),
+                "applied_pids": run["log"].applied_pids,
+                "verify_done_calls": run["probe"].total_calls,
+                "log_excerpt": run.get("log_excerpt") if run["returncode"] != 0 or not res else None}
+
+    return {"case": asdict(r.case), "passed": r.passed, "wall_s": round(r.wall_s, 1),
+            "checks": [asdict(c) for c in r.checks],
+            "runs": {m: run_info(run) for m, run in r.runs.items()}}
+
+
+def format_report(summaries: Sequence[dict[str, Any]]) -> str:
+    lines = []
+    for s in summaries:
+        st, pt = s["runs"]["stock"], s["runs"]["patched"]
+        lines.append(f"{'PASSED' if s['passed'] else 'FAILED'}  {s['case']['name']}: {pt['requests']} requests, "
+                     f"{pt['output_tokens']} tokens; accept {st['mean_accept_length']} / {pt['mean_accept_length']}; "
+                     f"start {st['startup_s']} / {pt['startup_s']} s")
+        for c in s["checks"]:
+            if not c["ok"]:
+                lines.append(f"    [FAIL] {c['name']}: {c['detail']}")
+        for m in ("stock", "patched"):
+            if s["runs"][m].get("log_excerpt"):
+                lines.append(f"    --- {m} log excerpt ---")
+                lines.extend("    " + ln for ln in s["runs"][m]["log_excerpt"].splitlines())
+    n_ok = sum(s["passed"] for s in summaries)
+    lines.append(f"E2E {'PASSED' if n_ok == len(summaries) and summaries else 'FAILED'}: {n_ok}/{len(summaries)} cases")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- record (Markdown)
+
+
+def merge_record(paths: Sequence[Path]) -> str:
+    """The Markdown record of one or more result JSONs (one table row per case)."""
+    docs = [json.loads(p.read_text()) for p in paths]
+    cases = [c for d in docs for c in d["cases"]]
+    env = docs[0]["environment"] if docs else {}
+    ok = sum(c["passed"] for c in cases)
+    lines = [
+        "# GPU end-to-end suite: stock SGLang vs SGLang + plugin, token for token",
+        "",
+        "| | |", "|---|---|",
+        f"| date | {', '.join(sorted({d['environment']['date'][:10] for d in docs}))} |",
+        f"| GPU | {env.get('gpu')} |",
+        f"| SGLang | {env.get('sglang')} (torch {env.get('torch')}) |",
+        f"| commands | {'; '.join('`' + d['environment']['command'] + '`' for d in docs)} |",
+        f"| wall time | {' + '.join(str(round(d['environment']['wall_s'])) + ' s' for d in docs)} |",
+        f"| outcome | **{ok}/{len(cases)} cases passed** |",
+        "",
+        "Stock = `SGLANG_FUTUREMAP_PATCH=off`, patched = `strict`; each Engine in its own process, "
+        "spec v2 (overlap scheduler), 3 steps, topk 1, 4 draft tokens, greedy. Scenarios and checks: "
+        "`scripts/gpu_e2e.py --help`.",
+        "",
+        "| case | result | requests | output tokens | accept length s / p | scenarios | failed checks |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in cases:
+        p, s = c["runs"]["patched"], c["runs"]["stock"]
+        bad = "; ".join(f"{x['name']}: {x['detail']}" for x in c["checks"] if not x["ok"])[:300] or "-"
+        lines.append(f"| {c['case']['name']} | {'pass' if c['passed'] else '**FAIL**'} | {p['requests']} | "
+                     f"{p['output_tokens']} | {s['mean_accept_length']} / {p['mean_accept_length']} | "
+                     f"{', '.join(p['scenario_seconds'])} | {bad} |")
+    soak = [c for c in cases if c["case"]["profile"] == "soak"]
+    for c in soak:
+        p = c["runs"]["patched"]
+        lines += ["", f"Soak ({c['case']['name']}): GPU memory of the patched Engine's processes after warm-up "
+                  f"{p['memory_after_warmup_mib']} MiB, then every 200 requests: "
+                  f"{[v for _, v in (p['memory_mib'] or [])]} MiB."]
+    return "\n".join(lines) + "\n"
+
+
+def environment(command: str, wall_s: float) -> dict[str, Any]:
+    info: dict[str, Any] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            "command": command, "wall_s": wall_s}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception as exc:  # noqa: BLE001
+        info["torch"] = f"unavailable ({exc})"
+    try:
+        from importlib.metadata import version
+
+        info["sglang"] = version("sglang")
+    except Exception:  # noqa: BLE001
+        info["sglang"] = None
+    return info
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", type=Path, help="make_tiny_models.py output (default: build into a temporary folder)")
+    p.add_argument("--cases", nargs="*", help="case names or fnmatch patterns (default: all)")
+    p.add_argument("--shard", help="I/N: every N-th selected case starting at the I-th (split a long run)")
+    p.add_argument("--list", action="store_true", help="print the cases and exit")
+    p.add_argument("--jobs", type=int, default=8, help="Engines running at once (default 8)")
+    p.add_argument("--timeout", type=float, default=420, help="seconds per Engine run (default 420)")
+    p.add_argument("--stagger", type=float, default=4.0, help="seconds between Engine starts (default 4)")
+    p.add_argument("--soak-requests", type=int, default=2000)
+    p.add_argument("--out", type=Path, default=Path("gpu-out"), help="folder for e2e-<tag>.json/.txt")
+    p.add_argument("--tag", default=None, help="file-name tag (default: the shard, or 'all')")
+    p.add_argument("--merge", nargs="+", type=Path, help="write the Markdown record of these JSONs to stdout")
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        return worker_main(args.worker)
+    if args.merge:
+        sys.stdout.write(merge_record(args.merge))
+        return 0
+    cases = select_cases(args.cases, args.shard)
+    if args.list or not cases:
+        for c in cases:
+            print(f"{c.name:32} {c.profile:8} {c.algorithm:10} {c.backend:10} graph={c.cuda_graph} pcg={c.pcg}")
+        return 0 if cases else 2
+    t0 = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="gpu-e2e-"))
+    try:
+        models = args.models
+        if models is None:
+            from make_tiny_models import make_models
+
+            make_models(work / "models")
+            models = work / "models"
+        results = run_cases(cases, models, work, jobs=args.jobs, timeout=args.timeout,
+                            stagger_s=args.stagger, soak_requests=args.soak_requests)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    summaries = [case_summary(r) for r in results]
+    report = format_report(summaries)
+    print(report)
+    tag = args.tag or (args.shard.replace("/", "of") if args.shard else "all")
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "python3 scripts/gpu_e2e.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+    doc = {"environment": environment(command, time.perf_counter() - t0), "cases": summaries}
+    (args.out / f"e2e-{tag}.json").write_text(json.dumps(doc, indent=1))
+    (args.out / f"e2e-{tag}.txt").write_text(report + "\n")
+    return 0 if all(r.passed for r in results) else 1
+
+
+if __name__ == "__main__":
+    _rc = main()
+    if "--worker" in sys.argv:
+        smoke._exit_worker(_rc)
+    sys.exit(_rc)

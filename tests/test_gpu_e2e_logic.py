@@ -1,0 +1,229 @@
+"""CPU tests of the GPU end-to-end suite's harness (scripts/gpu_e2e.py).
+
+No GPU and no SGLang Engine: the case list, the workloads, the stock-vs-patched comparison
+and the scenario driver (run against a small stand-in engine that answers like
+``sglang.Engine``: greedy output = a function of the prompt, streaming, aborts)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import gpu_e2e as e2e  # noqa: E402
+import gpu_smoke as smoke  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- cases, workloads
+
+
+def test_matrix_covers_every_combination_once() -> None:
+    matrix = [c for c in e2e.all_cases() if c.profile == "matrix"]
+    combos = {(c.algorithm, c.backend, c.cuda_graph, c.pcg) for c in matrix}
+    assert len(matrix) == len(combos) == 16
+    assert {c.profile for c in e2e.all_cases()} == {"matrix", "retract", "soak", "text"}
+    assert len({c.name for c in e2e.all_cases()}) == len(e2e.all_cases())
+
+
+def test_select_and_shard() -> None:
+    triton = e2e.select_cases(["*-triton-*"])
+    assert triton and all("-triton-" in c.name for c in triton)
+    names = [c.name for c in e2e.all_cases()]
+    halves = [c.name for s in ("1/2", "2/2") for c in e2e.select_cases(None, s)]
+    assert sorted(halves) == sorted(names)
+    assert not set(c.name for c in e2e.select_cases(None, "1/2")) & set(c.name for c in e2e.select_cases(None, "2/2"))
+
+
+def test_engine_kwargs_follow_the_case(tmp_path: Path) -> None:
+    case = next(c for c in e2e.all_cases() if c.name == "eagle3-flashinfer-nograph-pcg")
+    kw = e2e.engine_kwargs(case, tmp_path)
+    assert kw["speculative_algorithm"] == "EAGLE3" and kw["speculative_draft_model_path"].endswith("eagle3")
+    assert kw["attention_backend"] == "flashinfer"
+    assert kw["disable_cuda_graph"] is True and kw["disable_piecewise_cuda_graph"] is False
+    assert "cuda_graph_max_bs" not in kw
+    retract = next(c for c in e2e.all_cases() if c.profile == "retract")
+    assert e2e.engine_kwargs(retract, tmp_path)["max_total_tokens"] == 8192
+    soak = next(c for c in e2e.all_cases() if c.profile == "soak")
+    assert e2e.engine_kwargs(soak, tmp_path)["enable_deterministic_inference"] is True
+
+
+def test_workloads_are_deterministic_and_shaped_as_promised() -> None:
+    a, b = e2e.scenarios("matrix", 4096), e2e.scenarios("matrix", 4096)
+    assert a == b
+    by = {s["name"]: s for s in a}
+    assert [len(by[n]["input_ids"]) for n in ("bs1", "bs7", "bs48")] == [1, 7, 48]
+    churn = by["churn"]
+    assert max(len(p) for p in churn["input_ids"]) == 1800  # longer than chunked_prefill_size 512
+    assert len({p["max_new_tokens"] for p in churn["sampling_params"]}) > 20
+    assert all(3 <= t < 4096 for p in churn["input_ids"] for t in p)
+    soak = {s["name"]: s for s in e2e.scenarios("soak", 4096, soak_requests=2000)}["soak"]
+    assert len(soak["input_ids"]) == 2000 and soak["concurrency"] == 64
+    assert 0.03 < len(soak["abort_after_chunks"]) / 2000 < 0.07
+
+
+def test_stop_choices() -> None:
+    out = list(range(100, 160))
+    assert e2e.stop_token_choice(out, 0) == 104 and e2e.stop_token_choice(out, 3) == 119
+    assert e2e.stop_token_choice([1, 2, 3], 0) is None
+    assert e2e.stop_string_choice("w1 w2 w3 w4 w5 w6 w7 w8", 0) == " w4"
+    assert e2e.stop_string_choice("w1 w2", 0) is None
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+def _rec(ids, **kw):
+    return dict({"output_ids": list(ids), "finish": "length"}, **kw)
+
+
+def test_compare_scenario_exact_prefix_logprob_and_errors() -> None:
+    sc = {"name": "s", "kind": "batch", "sampling_params": [{"max_new_tokens": 3, "ignore_eos": True}] * 2}
+    same = {"outputs": [_rec([1, 2, 3]), _rec([4, 5, 6])]}
+    assert all(c.ok for c in e2e.compare_scenario(sc, same, same))
+    diff = {"outputs": [_rec([1, 2, 3]), _rec([4, 9, 6])]}
+    bad = [c for c in e2e.compare_scenario(sc, same, diff) if not c.ok]
+    assert [c.name for c in bad] == ["s: outputs identical"] and "(1, 1)" in bad[0].detail
+    short = {"outputs": [_rec([1, 2, 3]), _rec([4, 5])]}
+    assert {c.name for c in e2e.compare_scenario(sc, short, short) if not c.ok} == {"s: lengths as requested"}
+
+    asc = {"name": "a", "kind": "async", "sampling_params": [{"max_new_tokens": 5, "ignore_eos": True}] * 2}
+    s = {"outputs": [_rec([1, 2, 3], abort_requested=True), _rec([1, 1, 1, 1, 1])]}
+    p_ok = {"outputs": [_rec([1, 2], abort_requested=True), _rec([1, 1, 1, 1, 1])]}
+    p_bad = {"outputs": [_rec([1, 7], abort_requested=True), _rec([1, 1, 1, 1, 1])]}
+    assert all(c.ok for c in e2e.compare_scenario(asc, s, p_ok))
+    assert not all(c.ok for c in e2e.compare_scenario(asc, s, p_bad))
+
+    lsc = dict(sc, return_logprob=True)
+    lp = {"outputs": [_rec([1, 2, 3], logprobs=[[-0.5, 1]]), _rec([4, 5, 6], logprobs=[[-0.1, 4]])]}
+    lp2 = {"outputs": [_rec([1, 2, 3], logprobs=[[-0.5, 1]]), _rec([4, 5, 6], logprobs=[[-0.2, 4]])]}
+    assert not next(c for c in e2e.compare_scenario(lsc, lp, lp2) if "logprobs" in c.name).ok
+
+    err = e2e.compare_scenario(sc, {"error": "X"}, {"error": "X"})
+    assert not err[0].ok and "fails alike in stock" in err[0].detail
+    assert not e2e.compare_scenario(sc, None, same)[0].ok
+
+
+def test_memory_growth() -> None:
+    assert e2e.memory_growth([[200, 1000], [400, 1010], [600, 1004]])[0] == 10
+    assert e2e.memory_growth([[200, 1000]])[0] is None
+    assert e2e.memory_growth([[200, None], [400, None]])[0] is None
+
+
+def _fake_run(result: dict[str, Any] | None, *, applied=(), disabled=0, sched=(11,), calls=0, rc=0, retract=0):
+    log = smoke.LogFindings(applied_pids=list(applied), applied_lines=len(applied), disabled_lines=disabled)
+    probe = smoke.ProbeSummary([], list(sched), calls, calls, ["settrace"])
+    return {"returncode": rc, "wall_s": 1.0, "result": result, "log": log, "probe": probe, "retract_lines": retract}
+
+
+def test_evaluate_case_requires_plugin_lines_probe_and_retraction() -> None:
+    case = next(c for c in e2e.all_cases() if c.profile == "retract")
+    scs = [{"name": "r", "kind": "batch", "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True}]}]
+    res = {"pid": 10, "scenarios": {"r": {"outputs": [_rec([1, 2])]}}}
+    stock = _fake_run(res, disabled=2, calls=5, retract=1)
+    good = _fake_run(res, applied=(10, 11), retract=3)
+    assert all(c.ok for c in e2e.evaluate_case(case, scs, stock, good))
+    no_retract = _fake_run(res, applied=(10, 11), retract=0)
+    assert not all(c.ok for c in e2e.evaluate_case(case, scs, stock, no_retract))
+    waited = _fake_run(res, applied=(10, 11), calls=1, retract=3)
+    assert not all(c.ok for c in e2e.evaluate_case(case, scs, stock, waited))
+    not_in_scheduler = _fake_run(res, applied=(10,), retract=3)
+    assert not all(c.ok for c in e2e.evaluate_case(case, scs, stock, not_in_scheduler))
+
+
+# ----------------------------------------------------------------------------- scenario driver
+
+
+class FakeEngine:
+    """Answers like sglang.Engine for the calls the suite makes: greedy output is a function
+    of the prompt; streaming yields cumulative output_ids; abort ends a stream early."""
+
+    def __init__(self) -> None:
+        self.aborted: set[str] = set()
+        self.tokenizer_manager = self
+
+    def abort_request(self, rid: str) -> None:
+        self.aborted.add(rid)
+
+    @staticmethod
+    def _continue(prompt: list[int], params: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+        out, finish = [], {"type": "length", "length": params["max_new_tokens"]}
+        x = sum(prompt) % 97
+        for _ in range(params["max_new_tokens"]):
+            x = (x * 31 + 7) % 4093 + 3
+            out.append(x)
+            if not params.get("ignore_eos") and x in params.get("stop_token_ids", []):
+                finish = {"type": "stop", "matched": x}
+                break
+        return out, finish
+
+    def generate(self, input_ids=None, prompt=None, sampling_params=None, return_logprob=False, top_logprobs_num=0):
+        outs = []
+        prompts = input_ids if input_ids is not None else [[int(w[1:]) for w in t.split()] for t in prompt]
+        for ids, params in zip(prompts, sampling_params):
+            out, finish = self._continue(ids, params)
+            text = " ".join(f"w{t}" for t in out)
+            for s in params.get("stop", []):
+                if s in text:
+                    text = text[: text.index(s)]
+                    out = [int(w[1:]) for w in text.split()]
+                    finish = {"type": "stop", "matched": s}
+            meta = {"finish_reason": finish, "spec_accept_length": 2.0}
+            if return_logprob:
+                meta["output_token_logprobs"] = [(-0.25, t, None) for t in out]
+                meta["output_top_logprobs"] = [[(-0.25, t, None)] * top_logprobs_num for t in out]
+            o = {"output_ids": out, "meta_info": meta}
+            if prompt is not None:
+                o["text"] = text
+            outs.append(o)
+        return outs
+
+    async def async_generate(self, input_ids, sampling_params, stream=False, rid=None):
+        out, finish = self._continue(input_ids, sampling_params)
+        if not stream:
+            await asyncio.sleep(0)
+            return {"output_ids": out, "meta_info": {"finish_reason": finish}}
+
+        async def gen():
+            for k in range(1, len(out) + 1):
+                await asyncio.sleep(0)
+                if rid in self.aborted:
+                    yield {"output_ids": out[: k - 1], "meta_info": {"finish_reason": {"type": "abort"}}}
+                    return
+                yield {"output_ids": out[:k], "meta_info": {"finish_reason": finish if k == len(out) else None}}
+
+        return gen()
+
+
+@pytest.mark.parametrize("profile", ["matrix", "soak", "text"])
+def test_scenario_driver_against_a_stand_in_engine(profile: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(e2e, "_gpu_memory_mib", lambda pids: 1000)
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    runs = []
+    for _ in range(2):  # "stock" and "patched": the same engine behaviour must compare equal
+        engine, done, results = FakeEngine(), {}, {}
+        for sc in e2e.scenarios(profile, 4096, soak_requests=400):
+            res = e2e.run_scenario(engine, sc, done, [1])
+            res["scenario"] = sc
+            done[sc["name"]] = res
+            results[sc["name"]] = {k: v for k, v in res.items() if k != "scenario"}
+        runs.append(results)
+    for sc in e2e.scenarios(profile, 4096, soak_requests=400):
+        checks = e2e.compare_scenario(sc, runs[0][sc["name"]], runs[1][sc["name"]])
+        assert checks and all(c.ok for c in checks), [c for c in checks if not c.ok]
+    if profile == "matrix":
+        stop = runs[1]["stop"]
+        assert stop["stops"] and all(o["finish"] == "stop" for o in stop["outputs"])
+        assert all(o["top_logprobs"] for o in runs[1]["logprob"]["outputs"])
+    if profile == "soak":
+        soak = runs[1]["soak"]
+        aborted = [o for o in soak["outputs"] if o.get("abort_requested")]
+        assert aborted and any(o["finish"] == "abort" for o in aborted)
+        assert [n for n, _ in soak["memory_mib"]] == [200, 400]
+    if profile == "text":
+        assert all(o["finish"] == "stop" for o in runs[1]["text_stop"]["outputs"])
