@@ -123,6 +123,10 @@ def eagle3_config(target: dict[str, Any]) -> dict[str, Any]:
     """``config.json`` of a one-layer EAGLE3 draft for ``target`` (same widths and vocab)."""
     cfg = dict(target, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1)
     cfg["draft_vocab_size"] = target["vocab_size"]  # no hot-token map: full vocabulary
+    # Three captured target layers (SGLang's default list for a 4-layer target repeats one).
+    layers = target["num_hidden_layers"]
+    cfg["eagle_config"] = {"use_aux_hidden_state": True,
+                           "eagle_aux_hidden_state_layer_ids": [0, max(1, layers // 2 - 1), max(2, layers - 2)]}
     return cfg
 
 
