@@ -30,8 +30,8 @@ patched run and its "disabled" line in the stock run; no plugin warning, error o
 in either log; ``maybe_wait_verify_done`` called by the stock scheduler and never by the
 patched one; retraction seen (``retract``); no GPU memory growth after warm-up (``soak``).
 
-Results: ``--out DIR`` gets ``e2e-<shard>.json`` (everything) and ``e2e-<shard>.txt`` (the
-report). ``--merge`` turns one or more JSONs into the Markdown record
+Results: ``--out DIR`` gets ``e2e-<tag>.json`` (everything), ``e2e-<tag>.txt`` (the
+report) and ``logs-<tag>.tar.gz`` (every Engine's full log). ``--merge`` turns one or more JSONs into the Markdown record
 (``results/gpu-e2e/README.md``). Exit status 0 only when every selected case passed.
 """
 
@@ -46,11 +46,12 @@ import random
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -97,14 +98,16 @@ def all_cases() -> list[Case]:
     return cases
 
 
-def select_cases(patterns: Sequence[str] | None, shard: str | None = None) -> list[Case]:
+def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repeat: int = 1) -> list[Case]:
+    """Cases by name pattern, then every N-th (``shard`` I/N), each ``repeat`` times
+    (copies are named ``<case>~2``, ``~3``, ...: to hunt an intermittent failure)."""
     cases = all_cases()
     if patterns:
         cases = [c for c in cases if any(fnmatch.fnmatch(c.name, p) for p in patterns)]
     if shard:
         i, n = (int(x) for x in shard.split("/"))
         cases = [c for k, c in enumerate(cases) if k % n == i - 1]
-    return cases
+    return cases + [replace(c, name=f"{c.name}~{k}") for k in range(2, repeat + 1) for c in cases]
 
 
 def engine_kwargs(case: Case, models: Path) -> dict[str, Any]:
@@ -676,6 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", type=Path, help="make_tiny_models.py output (default: build into a temporary folder)")
     p.add_argument("--cases", nargs="*", help="case names or fnmatch patterns (default: all)")
     p.add_argument("--shard", help="I/N: every N-th selected case starting at the I-th (split a long run)")
+    p.add_argument("--repeat", type=int, default=1, help="run each selected case this many times")
     p.add_argument("--list", action="store_true", help="print the cases and exit")
     p.add_argument("--jobs", type=int, default=8, help="Engines running at once (default 8)")
     p.add_argument("--timeout", type=float, default=420, help="seconds per Engine run (default 420)")
@@ -695,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         sys.stdout.write(merge_record(args.merge))
         return 0
-    cases = select_cases(args.cases, args.shard)
+    cases = select_cases(args.cases, args.shard, args.repeat)
     if args.list or not cases:
         for c in cases:
             print(f"{c.name:32} {c.profile:8} {c.algorithm:10} {c.backend:10} graph={c.cuda_graph} pcg={c.pcg}")
@@ -711,13 +715,16 @@ def main(argv: list[str] | None = None) -> int:
             models = work / "models"
         results = run_cases(cases, models, work, jobs=args.jobs, timeout=args.timeout,
                             stagger_s=args.stagger, soak_requests=args.soak_requests)
+        args.out.mkdir(parents=True, exist_ok=True)
+        tag = args.tag or (args.shard.replace("/", "of") if args.shard else "all")
+        with tarfile.open(args.out / f"logs-{tag}.tar.gz", "w:gz") as tar:
+            for log in sorted(work.glob("*.log")):
+                tar.add(log, arcname=log.name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summaries = [case_summary(r) for r in results]
     report = format_report(summaries)
     print(report)
-    tag = args.tag or (args.shard.replace("/", "of") if args.shard else "all")
-    args.out.mkdir(parents=True, exist_ok=True)
     command = "python3 scripts/gpu_e2e.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     doc = {"environment": environment(command, time.perf_counter() - t0), "cases": summaries}
     (args.out / f"e2e-{tag}.json").write_text(json.dumps(doc, indent=1))

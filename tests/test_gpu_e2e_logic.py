@@ -227,3 +227,9 @@ def test_scenario_driver_against_a_stand_in_engine(profile: str, monkeypatch: py
         assert [n for n, _ in soak["memory_mib"]] == [200, 400]
     if profile == "text":
         assert all(o["finish"] == "stop" for o in runs[1]["text_stop"]["outputs"])
+
+
+def test_repeat_makes_named_copies() -> None:
+    cases = e2e.select_cases(["soak-*"], repeat=3)
+    assert [c.name for c in cases] == ["soak-eagle3-triton-det", "soak-eagle3-triton-det~2", "soak-eagle3-triton-det~3"]
+    assert len({(c.algorithm, c.backend, c.profile, c.extra) for c in cases}) == 1
