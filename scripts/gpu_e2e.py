@@ -673,6 +673,14 @@ def environment(command: str, wall_s: float) -> dict[str, Any]:
     return info
 
 
+def _portable_args(argv: Sequence[str]) -> list[str]:
+    """The command line as recorded: this machine's folders replaced by their role."""
+    out, hide = [], {"--models": "MODELS", "--out": "OUT"}
+    for i, a in enumerate(argv):
+        out.append(hide[argv[i - 1]] if i and argv[i - 1] in hide else a)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -725,7 +733,8 @@ def main(argv: list[str] | None = None) -> int:
     summaries = [case_summary(r) for r in results]
     report = format_report(summaries)
     print(report)
-    command = "python3 scripts/gpu_e2e.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python3 scripts/gpu_e2e.py " + " ".join(
+        _portable_args(argv if argv is not None else sys.argv[1:]))
     doc = {"environment": environment(command, time.perf_counter() - t0), "cases": summaries}
     (args.out / f"e2e-{tag}.json").write_text(json.dumps(doc, indent=1))
     (args.out / f"e2e-{tag}.txt").write_text(report + "\n")

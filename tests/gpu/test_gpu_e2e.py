@@ -1,0 +1,33 @@
+"""GPU end-to-end suite (stock vs. patched SGLang over the spec-v2 matrix): scripts/gpu_e2e.py.
+
+Skipped unless a CUDA GPU, SGLang and the installed plugin are all present (the reason comes
+from the smoke test's check). Starts 38 SGLang Engines, 12 at a time: about 5-10 minutes on
+one H100/H200. ``SGLANG_FUTUREMAP_E2E_CASES`` (space-separated patterns) narrows it down.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_gpu_smoke import _REASON
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_gpu_e2e(tmp_path: Path) -> None:
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import gpu_e2e
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    cases = os.environ.get("SGLANG_FUTUREMAP_E2E_CASES", "").split()
+    argv = ["--out", str(tmp_path), "--jobs", "12", "--timeout", "300"] + (["--cases", *cases] if cases else [])
+    rc = gpu_e2e.main(argv)
+    report = (tmp_path / "e2e-all.txt").read_text() if (tmp_path / "e2e-all.txt").exists() else "(no report)"
+    assert rc == 0, report
