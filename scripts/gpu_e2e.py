@@ -496,34 +496,13 @@ def run_engine(case: Case, mode_name: str, mode: str, spec: dict[str, Any], work
     tag = f"{case.name}-{mode_name}"
     probe_dir = work / f"probe-{tag}"
     probe_dir.mkdir(parents=True, exist_ok=True)
-    spec = dict(spec, result_path=str(work / f"result-{tag}.json"))
-    spec_path = work / f"spec-{tag}.json"
-    spec_path.write_text(json.dumps(spec))
-    log_path = work / f"{tag}.log"
     env = smoke.subprocess_env(mode, probe_dir, log_config)
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = -9
-            log.write(f"\n[gpu_e2e] killed after {timeout:.0f} s\n")
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the worker's session: any SGLang child left
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-    result_path = Path(spec["result_path"])
-    result = json.loads(result_path.read_text()) if result_path.exists() else None
-    text = log_path.read_text(errors="replace")
-    print(f"   {tag}: rc {rc}, {time.perf_counter() - t0:.0f} s", flush=True)
-    return {"mode": mode, "returncode": rc, "wall_s": time.perf_counter() - t0, "result": result,
+    rc, wall, result, text = smoke.run_worker(Path(__file__).resolve(), spec, work, tag, work / f"{tag}.log",
+                                              env, timeout)
+    print(f"   {tag}: rc {rc}, {wall:.0f} s", flush=True)
+    return {"mode": mode, "returncode": rc, "wall_s": wall, "result": result,
             "log": smoke.scan_log(text), "probe": smoke.summarize_probe(smoke.read_probe_dir(probe_dir)),
-            "retract_lines": text.count(RETRACT_LINE), "log_path": str(log_path),
+            "retract_lines": text.count(RETRACT_LINE), "log_path": str(work / f"{tag}.log"),
             "log_excerpt": smoke.trim_log(text, max_lines=25, tail=8)}
 
 

@@ -632,42 +632,45 @@ def subprocess_env(mode: str, probe_dir: Path, log_config: Path | None, *, sync_
     return env
 
 
+def run_worker(script: Path, spec: dict[str, Any], work: Path, name: str, log_path: Path, env: dict[str, str],
+               timeout: float) -> tuple[int, float, dict[str, Any] | None, str]:
+    """Run ``script --worker SPEC`` in its own session with ``spec`` (plus ``result_path``);
+    kill it and any SGLang child it left after ``timeout``. Returns the return code (-9 when
+    killed), the wall time, the worker's result JSON (None if it wrote none) and its log."""
+    import signal
+
+    spec = dict(spec, result_path=str(work / f"result-{name}.json"))
+    spec_path = work / f"spec-{name}.json"
+    spec_path.write_text(json.dumps(spec))
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, str(script), "--worker", str(spec_path)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = -9
+            log.write(f"\n[{script.stem}] {name} run killed after {timeout:.0f} s\n")
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: it and its children only
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    wall = time.perf_counter() - t0
+    result_path = Path(spec["result_path"])
+    result = json.loads(result_path.read_text()) if result_path.exists() else None
+    return rc, wall, result, log_path.read_text(errors="replace")
+
+
 def run_one(name: str, mode: str, spec: dict[str, Any], work: Path, log_dir: Path, timeout: float,
             log_config: Path | None, *, sync_probe: bool = False,
             seq_lens_sites: Sequence[str] | None = None) -> dict[str, Any]:
     probe_dir = work / f"probe-{name}"
     probe_dir.mkdir(parents=True, exist_ok=True)
-    spec = dict(spec, result_path=str(work / f"result-{name}.json"))
-    spec_path = work / f"spec-{name}.json"
-    spec_path.write_text(json.dumps(spec))
     log_path = log_dir / f"{name}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
     print(f"== {name}: {ENV_MODE}={mode}, log {log_path}", flush=True)
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(mode, probe_dir, log_config, sync_probe=sync_probe,
-                                                   seq_lens_sites=seq_lens_sites),
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            import signal
-
-            os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: it and its children only
-            proc.wait()
-            rc = -9
-            log.write(f"\n[gpu_smoke] {name} run killed after {timeout:.0f} s\n")
-    wall = time.perf_counter() - t0
-    # The worker's process group may still hold SGLang children (shut down, but be sure).
-    try:
-        import signal
-
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    result_path = Path(spec["result_path"])
-    result = json.loads(result_path.read_text()) if result_path.exists() else None
-    text = log_path.read_text(errors="replace")
+    env = subprocess_env(mode, probe_dir, log_config, sync_probe=sync_probe, seq_lens_sites=seq_lens_sites)
+    rc, wall, result, text = run_worker(Path(__file__).resolve(), spec, work, name, log_path, env, timeout)
     print(f"   {name}: returncode {rc}, {wall:.1f} s", flush=True)
     return {
         "mode": mode,

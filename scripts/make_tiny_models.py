@@ -88,18 +88,20 @@ def llama_config(
     }
 
 
+def _widths(config: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    """hidden, intermediate, query width, key/value width, vocabulary."""
+    hd = config["head_dim"]
+    return (config["hidden_size"], config["intermediate_size"], config["num_attention_heads"] * hd,
+            config["num_key_value_heads"] * hd, config["vocab_size"])
+
+
 def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape, as SGLang's ``LlamaForCausalLM.load_weights`` expects them.
 
     The loader maps ``q/k/v_proj`` onto ``qkv_proj`` and ``gate/up_proj`` onto
     ``gate_up_proj`` itself, so the checkpoint uses the plain HF names.
     """
-    h = config["hidden_size"]
-    inter = config["intermediate_size"]
-    hd = config["head_dim"]
-    nq = config["num_attention_heads"] * hd
-    nkv = config["num_key_value_heads"] * hd
-    v = config["vocab_size"]
+    h, inter, nq, nkv, v = _widths(config)
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (v, h),
         "model.norm.weight": (h,),
@@ -134,12 +136,7 @@ def expected_eagle3_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]
     """Tensor names of an EAGLE3 checkpoint as ``LlamaForCausalLMEagle3.load_weights`` maps
     them: one ``midlayer`` whose attention reads [embedding, hidden] (2x wide) and an ``fc``
     that folds the target's three captured hidden states into one."""
-    h = config["hidden_size"]
-    inter = config["intermediate_size"]
-    hd = config["head_dim"]
-    nq = config["num_attention_heads"] * hd
-    nkv = config["num_key_value_heads"] * hd
-    v = config["vocab_size"]
+    h, inter, nq, nkv, v = _widths(config)
     p = "midlayer."
     return {
         "embed_tokens.weight": (v, h),
