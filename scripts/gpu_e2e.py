@@ -520,6 +520,8 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
     vocab = json.loads((models / "target" / "config.json").read_text())["vocab_size"]
     log_config = work / "logging.json"
     log_config.write_text(json.dumps(smoke.logging_config()))
+    # One workload per profile, shared by both runs of a case and by its evaluation.
+    workloads = {c.profile: scenarios(c.profile, vocab, soak_requests=soak_requests) for c in cases}
     start_lock = threading.Lock()
     last_start = [0.0]
 
@@ -530,8 +532,7 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
             if wait > 0:
                 time.sleep(wait)
             last_start[0] = time.monotonic()
-        spec = {"engine_kwargs": engine_kwargs(case, models),
-                "scenarios": scenarios(case.profile, vocab, soak_requests=soak_requests)}
+        spec = {"engine_kwargs": engine_kwargs(case, models), "scenarios": workloads[case.profile]}
         return run_engine(case, mode_name, mode, spec, work, timeout, log_config)
 
     # The slowest starts (piecewise CUDA graph, the soak) go first.
@@ -542,7 +543,7 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
         results = []
         for c in cases:
             runs = {m: futures[(c.name, m)].result() for m, _ in RUNS}
-            checks = evaluate_case(c, scenarios(c.profile, vocab, soak_requests=soak_requests), runs["stock"], runs["patched"])
+            checks = evaluate_case(c, workloads[c.profile], runs["stock"], runs["patched"])
             ok = all(x.ok for x in checks)
             print(f"case {c.name}: {'PASSED' if ok else 'FAILED'}", flush=True)
             results.append(CaseResult(c, ok, checks, time.perf_counter() - t0, runs))

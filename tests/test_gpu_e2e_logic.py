@@ -233,3 +233,22 @@ def test_repeat_makes_named_copies() -> None:
     cases = e2e.select_cases(["soak-*"], repeat=3)
     assert [c.name for c in cases] == ["soak-eagle3-triton-det", "soak-eagle3-triton-det~2", "soak-eagle3-triton-det~3"]
     assert len({(c.algorithm, c.backend, c.profile, c.extra) for c in cases}) == 1
+
+
+def test_run_cases_shares_one_workload_per_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text('{"vocab_size": 4096}')
+    seen: dict[str, Any] = {}
+
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config):
+        seen[(case.name, mode_name)] = spec["scenarios"]
+        res = {"pid": 10, "scenarios": {sc["name"]: {"outputs": []} for sc in spec["scenarios"]}}
+        return _fake_run(res, applied=() if mode == "off" else (10, 11), disabled=2 if mode == "off" else 0,
+                         calls=3 if mode == "off" else 0, retract=1)
+
+    monkeypatch.setattr(e2e, "run_engine", fake_run_engine)
+    cases = e2e.select_cases(["retract-*"], repeat=2)
+    results = e2e.run_cases(cases, tmp_path, tmp_path, jobs=2, timeout=1, stagger_s=0, soak_requests=10)
+    assert len(seen) == 4 and len({id(v) for v in seen.values()}) == 1
+    assert [r.case.name for r in results] == [c.name for c in cases]
+    assert all(r.passed for r in results), [c for r in results for c in r.checks if not c.ok]
