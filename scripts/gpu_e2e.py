@@ -21,7 +21,16 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
   others decode) and ``soak`` (2000 requests of random lengths at concurrency 64, 5% aborted
   mid-generation); GPU memory of the Engine's processes sampled every 200 requests;
 * ``text``: a word-level tokenizer (``make_tiny_models.py``): text prompts, ``stop`` strings,
-  decoded text compared too.
+  decoded text compared too;
+* ``tp2-*``: two matrix cases with tensor parallelism 2 (the mirror-free Triton path and
+  FlashInfer with piecewise CUDA graph); they need two GPUs and are reported as skipped with
+  fewer;
+* ``http``: ``python -m sglang.launch_server`` instead of ``sglang.Engine``, driven over HTTP:
+  OpenAI ``/v1/completions`` (plain, streamed, with ``stop`` strings) and the native
+  ``/generate`` with token ids and logprobs.
+
+With several GPUs (``--gpus``, default: every visible one) single-GPU Engines are spread over
+them round-robin; a TP=2 Engine takes the first two.
 
 Per case the checks are: both runs finished every scenario; outputs identical (aborted
 requests: the shorter output is a prefix of the longer); lengths as requested where EOS is
@@ -48,8 +57,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -77,8 +89,17 @@ class Case:
     backend: str  # triton | flashinfer
     cuda_graph: bool
     pcg: bool
-    profile: str  # matrix | retract | soak | text
+    profile: str  # matrix | retract | soak | text | http
     extra: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        return int(dict(self.extra).get("tp_size", 1))
+
+    @property
+    def server(self) -> bool:
+        """Served by ``sglang.launch_server`` and driven over HTTP (else ``sglang.Engine``)."""
+        return self.profile == "http"
 
 
 def all_cases() -> list[Case]:
@@ -94,6 +115,12 @@ def all_cases() -> list[Case]:
     cases.append(Case("soak-eagle3-triton-det", "EAGLE3", "triton", True, False, "soak",
                       (("enable_deterministic_inference", True), ("max_running_requests", 64))))
     cases.append(Case("text-standalone-flashinfer", "STANDALONE", "flashinfer", True, False, "text",
+                      (("skip_tokenizer_init", False),)))
+    # NCCL all-reduce (custom all-reduce off): nothing in the plugin depends on which one.
+    tp2 = (("tp_size", 2), ("disable_custom_all_reduce", True))
+    cases.append(Case("tp2-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix", tp2))
+    cases.append(Case("tp2-standalone-flashinfer-graph-pcg", "STANDALONE", "flashinfer", True, True, "matrix", tp2))
+    cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False),)))
     return cases
 
@@ -187,6 +214,18 @@ def scenarios(profile: str, vocab: int, seed: int = 20261122, soak_requests: int
                         "sampling_params": [_greedy(m) for m in news],
                         "abort_after_chunks": {str(k): v for k, v in aborts.items()},
                         "memory_every": 200 if name == "soak" else 0})
+    elif profile == "http":
+        texts = [" ".join(f"w{t}" for t in _ids(rng, n, vocab)) for n in (5, 19, 44, 90, 150, 260, 12, 77, 31, 8)]
+        out.append({"name": "completions", "kind": "http_completions", "concurrency": 6, "prompts": texts,
+                    "sampling_params": [_greedy(rng.randrange(16, 80)) for _ in texts]})
+        out.append({"name": "completions_stream", "kind": "http_completions", "concurrency": 6, "stream": True,
+                    "prompts": texts[::-1], "sampling_params": [_greedy(48) for _ in texts]})
+        out.append({"name": "completions_stop", "kind": "http_stop_from", "source": "completions",
+                    "max_tokens": 64})
+        ids = [_ids(rng, n, vocab) for n in (9, 60, 140, 33, 220, 7)]
+        out.append({"name": "generate_ids", "kind": "http_generate", "concurrency": 6, "input_ids": ids,
+                    "sampling_params": [_greedy(40) for _ in ids], "return_logprob": True,
+                    "top_logprobs_num": 3})
     elif profile == "text":
         texts = [" ".join(f"w{t}" for t in _ids(rng, n, vocab)) for n in (6, 25, 60, 130, 240, 333, 7, 90)]
         out.append({"name": "text", "kind": "text", "prompts": texts,
@@ -326,8 +365,155 @@ def run_scenario(engine: Any, sc: dict[str, Any], done: dict[str, Any], pids: Se
     raise ValueError(f"unknown scenario kind {kind!r}")
 
 
+def server_argv(kwargs: dict[str, Any], port: int) -> list[str]:
+    """``sglang.launch_server`` flags for Engine keyword arguments (``True``: a bare flag)."""
+    argv: list[str] = []
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        else:
+            argv += [flag, str(value)]
+    return argv + ["--host", "127.0.0.1", "--port", str(port)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = 300) -> Any:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def _http_sse(url: str, payload: dict[str, Any], timeout: float = 300) -> list[dict[str, Any]]:
+    """The ``data:`` events of a streamed response, up to ``[DONE]``."""
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    events = []
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            body = line[len("data:"):].strip()
+            if body == "[DONE]":
+                break
+            events.append(json.loads(body))
+    return events
+
+
+def _completion(base: str, model: str, prompt: str, params: dict[str, Any], stream: bool) -> dict[str, Any]:
+    """One OpenAI ``/v1/completions`` request (greedy); the record ``compare_scenario`` reads."""
+    payload = {"model": model, "prompt": prompt, "max_tokens": params["max_new_tokens"], "temperature": 0.0,
+               "ignore_eos": params.get("ignore_eos", True), "stream": stream}
+    if params.get("stop"):
+        payload["stop"] = params["stop"]
+    if not stream:
+        body = _http_json(base + "/v1/completions", payload)
+        choice = body["choices"][0]
+        return {"output_ids": [], "text": choice["text"], "finish": choice.get("finish_reason"),
+                "n_tokens": (body.get("usage") or {}).get("completion_tokens")}
+    payload["stream_options"] = {"include_usage": True}
+    text, finish, n_tokens = [], None, None
+    for event in _http_sse(base + "/v1/completions", payload):
+        for choice in event.get("choices") or []:
+            text.append(choice.get("text") or "")
+            finish = choice.get("finish_reason") or finish
+        if event.get("usage"):
+            n_tokens = event["usage"].get("completion_tokens")
+    return {"output_ids": [], "text": "".join(text), "finish": finish, "n_tokens": n_tokens, "chunks": len(text)}
+
+
+def run_http_scenario(base: str, model: str, sc: dict[str, Any], done: dict[str, Any]) -> dict[str, Any]:
+    """A scenario of the ``http`` profile against a running ``sglang.launch_server``."""
+    kind = sc["kind"]
+    stops: list[str] = []
+    if kind == "http_stop_from":
+        src = done[sc["source"]]
+        prompts, params = [], []
+        for i, rec in enumerate(src["outputs"]):
+            stop = stop_string_choice(rec.get("text") or "", i)
+            if stop is not None:
+                prompts.append(src["scenario"]["prompts"][i])
+                params.append(_greedy(sc["max_tokens"], ignore_eos=False, stop=[stop]))
+                stops.append(stop)
+        calls = [lambda p=p, q=q: _completion(base, model, p, q, False) for p, q in zip(prompts, params)]
+    elif kind == "http_completions":
+        calls = [lambda p=p, q=q: _completion(base, model, p, q, bool(sc.get("stream")))
+                 for p, q in zip(sc["prompts"], sc["sampling_params"])]
+    elif kind == "http_generate":
+        extra = {k: sc[k] for k in ("return_logprob", "top_logprobs_num") if k in sc}
+        calls = [lambda i=i, q=q: _record(_http_json(base + "/generate", dict(input_ids=i, sampling_params=q, **extra)))
+                 for i, q in zip(sc["input_ids"], sc["sampling_params"])]
+    else:
+        raise ValueError(f"unknown http scenario kind {kind!r}")
+    with ThreadPoolExecutor(max_workers=int(sc.get("concurrency", 4))) as pool:
+        outputs = list(pool.map(lambda call: call(), calls))
+    return {"outputs": outputs, "stops": stops} if kind == "http_stop_from" else {"outputs": outputs}
+
+
+def server_worker_main(spec: dict[str, Any]) -> int:
+    """The ``http`` profile: ``python -m sglang.launch_server`` on a free local port, then
+    every scenario over HTTP. The server's output goes to this worker's log."""
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "sglang.launch_server", *server_argv(spec["engine_kwargs"], port)]
+    print("server argv: " + " ".join(argv[1:]), flush=True)
+    t0 = time.perf_counter()
+    server = subprocess.Popen(argv)
+    result: dict[str, Any] = {"pid": server.pid, "scenarios": {}}
+    try:
+        deadline = time.monotonic() + float(spec.get("server_start_s", 300))
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"sglang.launch_server exited with {server.returncode} before it was ready")
+            try:
+                if urllib.request.urlopen(base + "/health", timeout=5).status == 200:
+                    break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("sglang.launch_server not ready in time")
+            time.sleep(1.0)
+        model = _http_json(base + "/v1/models")["data"][0]["id"]
+        _http_json(base + "/generate", {"text": "w3 w4 w5 w6", "sampling_params": _greedy(16)})
+        result["startup_s"] = time.perf_counter() - t0
+        done: dict[str, Any] = {}
+        for sc in spec["scenarios"]:
+            t1 = time.perf_counter()
+            try:
+                res = run_http_scenario(base, model, sc, done)
+                res["scenario"] = sc
+                done[sc["name"]] = res
+                entry = {k: v for k, v in res.items() if k != "scenario"}
+            except Exception as exc:  # recorded: both runs failing alike means "unsupported"
+                import traceback
+
+                traceback.print_exc()
+                entry = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            entry["seconds"] = time.perf_counter() - t1
+            result["scenarios"][sc["name"]] = entry
+            print(f"scenario {sc['name']}: {entry.get('error', 'ok')} in {entry['seconds']:.1f} s", flush=True)
+        time.sleep(float(spec.get("probe_settle_s", 2.0)))
+    finally:
+        Path(spec["result_path"]).write_text(json.dumps(result))
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return 0
+
+
 def worker_main(spec_path: Path) -> int:
     spec = json.loads(spec_path.read_text())
+    if spec.get("server"):
+        return server_worker_main(spec)
     import sglang
 
     print(f"worker pid {os.getpid()} mode {os.environ.get(smoke.ENV_MODE)} sglang {sglang.__version__}", flush=True)
@@ -417,9 +603,10 @@ def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: 
         checks.append(Check(f"{name}: aborted outputs agree as prefixes", not prefix_bad,
                             f"{aborted} aborted, {len(prefix_bad)} disagree {prefix_bad[:6]}"))
     params = sc.get("sampling_params")
-    if params and sc["kind"] in ("batch", "async", "text"):
+    if params and sc["kind"] in ("batch", "async", "text", "http_completions", "http_generate"):
         short = [i for i, (p, o) in enumerate(zip(params, po))
-                 if p.get("ignore_eos") and not o.get("abort_requested") and len(o["output_ids"]) != p["max_new_tokens"]]
+                 if p.get("ignore_eos") and not o.get("abort_requested")
+                 and o.get("n_tokens", len(o["output_ids"])) != p["max_new_tokens"]]
         checks.append(Check(f"{name}: lengths as requested", not short,
                             "every non-aborted output has max_new_tokens" if not short else f"requests {short[:8]}"))
     if sc.get("return_logprob"):
@@ -430,6 +617,8 @@ def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: 
                             f"{n - len(bad)}/{n} identical" + ("" if have else "; logprobs missing")))
     if "stops" in patched:
         stopped = sum(1 for o in po if o.get("finish") in ("stop", "FINISH_MATCHED_TOKEN", "FINISH_MATCHED_STR"))
+        if sc["kind"] == "http_stop_from":  # OpenAI says "stop" for EOS too: the text must lack the stop string
+            stopped = sum(1 for o, st in zip(po, patched["stops"]) if o.get("finish") == "stop" and st not in o["text"])
         checks.append(Check(f"{name}: stops honoured", patched.get("stops") == stock.get("stops") and stopped > 0,
                             f"{stopped}/{len(po)} finished on their stop token/string"))
     return checks
@@ -497,6 +686,8 @@ def run_engine(case: Case, mode_name: str, mode: str, spec: dict[str, Any], work
     probe_dir = work / f"probe-{tag}"
     probe_dir.mkdir(parents=True, exist_ok=True)
     env = smoke.subprocess_env(mode, probe_dir, log_config)
+    if spec.get("cuda_visible_devices"):
+        env["CUDA_VISIBLE_DEVICES"] = spec["cuda_visible_devices"]
     rc, wall, result, text = smoke.run_worker(Path(__file__).resolve(), spec, work, tag, work / f"{tag}.log",
                                               env, timeout)
     print(f"   {tag}: rc {rc}, {wall:.0f} s", flush=True)
@@ -513,17 +704,43 @@ class CaseResult:
     checks: list[Check]
     wall_s: float
     runs: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None  # why it did not run (e.g. too few GPUs); not a failure
+
+
+def visible_gpus(limit: int | None = None) -> list[str]:
+    """The GPU ids Engines may be pinned to: ``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if env:
+        ids = [x.strip() for x in env.split(",") if x.strip()]
+    else:
+        try:
+            text = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            text = ""
+        ids = [str(i) for i, line in enumerate(ln for ln in text.splitlines() if ln.startswith("GPU "))]
+    ids = ids or ["0"]
+    return ids[:limit] if limit else ids
 
 
 def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, timeout: float,
-              stagger_s: float, soak_requests: int) -> list[CaseResult]:
+              stagger_s: float, soak_requests: int, gpu_ids: Sequence[str] = ("0",)) -> list[CaseResult]:
+    skipped = {c.name: f"needs {c.gpus} GPUs, {len(gpu_ids)} available" for c in cases if c.gpus > len(gpu_ids)}
+    runnable = [c for c in cases if c.name not in skipped]
     vocab = json.loads((models / "target" / "config.json").read_text())["vocab_size"]
     log_config = work / "logging.json"
     log_config.write_text(json.dumps(smoke.logging_config()))
     # One workload per profile, shared by both runs of a case and by its evaluation.
-    workloads = {c.profile: scenarios(c.profile, vocab, soak_requests=soak_requests) for c in cases}
+    workloads = {c.profile: scenarios(c.profile, vocab, soak_requests=soak_requests) for c in runnable}
     start_lock = threading.Lock()
     last_start = [0.0]
+    placed = [0]  # single-GPU Engines go round-robin over gpu_ids
+
+    def devices(case: Case) -> str:
+        if case.gpus > 1:
+            return ",".join(gpu_ids[: case.gpus])
+        with start_lock:
+            placed[0] += 1
+            return gpu_ids[(placed[0] - 1) % len(gpu_ids)]
 
     def one(case: Case, mode_name: str, mode: str) -> dict[str, Any]:
         # Engines profile free GPU memory at start-up: keep their starts a little apart.
@@ -532,16 +749,21 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
             if wait > 0:
                 time.sleep(wait)
             last_start[0] = time.monotonic()
-        spec = {"engine_kwargs": engine_kwargs(case, models), "scenarios": workloads[case.profile]}
+        spec = {"engine_kwargs": engine_kwargs(case, models), "scenarios": workloads[case.profile],
+                "server": case.server, "cuda_visible_devices": devices(case)}
         return run_engine(case, mode_name, mode, spec, work, timeout, log_config)
 
     # The slowest starts (piecewise CUDA graph, the soak) go first.
-    order = sorted(cases, key=lambda c: (not c.pcg, c.profile != "soak"))
+    order = sorted(runnable, key=lambda c: (c.gpus == 1, not c.pcg, c.profile != "soak"))
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {(c.name, m): pool.submit(one, c, m, mode) for c in order for m, mode in RUNS}
         results = []
         for c in cases:
+            if c.name in skipped:
+                print(f"case {c.name}: SKIPPED ({skipped[c.name]})", flush=True)
+                results.append(CaseResult(c, False, [], 0.0, skipped=skipped[c.name]))
+                continue
             runs = {m: futures[(c.name, m)].result() for m, _ in RUNS}
             checks = evaluate_case(c, workloads[c.profile], runs["stock"], runs["patched"])
             ok = all(x.ok for x in checks)
@@ -551,6 +773,9 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
 
 
 def case_summary(r: CaseResult) -> dict[str, Any]:
+    if r.skipped:
+        return {"case": asdict(r.case), "passed": False, "skipped": r.skipped, "wall_s": 0.0, "checks": [],
+                "runs": {}}
     def run_info(run: dict[str, Any]) -> dict[str, Any]:
         res = run.get("result") or {}
         scen = res.get("scenarios", {})
@@ -576,6 +801,9 @@ def case_summary(r: CaseResult) -> dict[str, Any]:
 def format_report(summaries: Sequence[dict[str, Any]]) -> str:
     lines = []
     for s in summaries:
+        if s.get("skipped"):
+            lines.append(f"SKIPPED {s['case']['name']}: {s['skipped']}")
+            continue
         st, pt = s["runs"]["stock"], s["runs"]["patched"]
         lines.append(f"{'PASSED' if s['passed'] else 'FAILED'}  {s['case']['name']}: {pt['requests']} requests, "
                      f"{pt['output_tokens']} tokens; accept {st['mean_accept_length']} / {pt['mean_accept_length']}; "
@@ -588,7 +816,9 @@ def format_report(summaries: Sequence[dict[str, Any]]) -> str:
                 lines.append(f"    --- {m} log excerpt ---")
                 lines.extend("    " + ln for ln in s["runs"][m]["log_excerpt"].splitlines())
     n_ok = sum(s["passed"] for s in summaries)
-    lines.append(f"E2E {'PASSED' if n_ok == len(summaries) and summaries else 'FAILED'}: {n_ok}/{len(summaries)} cases")
+    ran = [s for s in summaries if not s.get("skipped")]
+    lines.append(f"E2E {'PASSED' if n_ok == len(ran) and ran else 'FAILED'}: {n_ok}/{len(ran)} cases"
+                 + (f", {len(summaries) - len(ran)} skipped" if len(ran) < len(summaries) else ""))
     return "\n".join(lines)
 
 
@@ -601,6 +831,7 @@ def merge_record(paths: Sequence[Path]) -> str:
     cases = [c for d in docs for c in d["cases"]]
     env = docs[0]["environment"] if docs else {}
     ok = sum(c["passed"] for c in cases)
+    skipped = [c for c in cases if c.get("skipped")]
     lines = [
         "# GPU end-to-end suite: stock SGLang vs SGLang + plugin, token for token",
         "",
@@ -610,7 +841,8 @@ def merge_record(paths: Sequence[Path]) -> str:
         f"| SGLang | {env.get('sglang')} (torch {env.get('torch')}) |",
         f"| commands | {'; '.join('`' + d['environment']['command'] + '`' for d in docs)} |",
         f"| wall time | {' + '.join(str(round(d['environment']['wall_s'])) + ' s' for d in docs)} |",
-        f"| outcome | **{ok}/{len(cases)} cases passed** |",
+        f"| outcome | **{ok}/{len(cases) - len(skipped)} cases passed**"
+        + (f", {len(skipped)} skipped" if skipped else "") + " |",
         "",
         "Stock = `SGLANG_FUTUREMAP_PATCH=off`, patched = `strict`; each Engine in its own process, "
         "spec v2 (overlap scheduler), 3 steps, topk 1, 4 draft tokens, greedy. Scenarios and checks: "
@@ -620,6 +852,9 @@ def merge_record(paths: Sequence[Path]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for c in cases:
+        if c.get("skipped"):
+            lines.append(f"| {c['case']['name']} | skipped | - | - | - | - | {c['skipped']} |")
+            continue
         p, s = c["runs"]["patched"], c["runs"]["stock"]
         bad = "; ".join(f"{x['name']}: {x['detail']}" for x in c["checks"] if not x["ok"])[:300] or "-"
         lines.append(f"| {c['case']['name']} | {'pass' if c['passed'] else '**FAIL**'} | {p['requests']} | "
@@ -670,6 +905,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1, help="run each selected case this many times")
     p.add_argument("--list", action="store_true", help="print the cases and exit")
     p.add_argument("--jobs", type=int, default=8, help="Engines running at once (default 8)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="use the first N visible GPUs (default: all); single-GPU Engines go round-robin")
     p.add_argument("--timeout", type=float, default=420, help="seconds per Engine run (default 420)")
     p.add_argument("--stagger", type=float, default=4.0, help="seconds between Engine starts (default 4)")
     p.add_argument("--soak-requests", type=int, default=2000)
@@ -702,7 +939,8 @@ def main(argv: list[str] | None = None) -> int:
             make_models(work / "models")
             models = work / "models"
         results = run_cases(cases, models, work, jobs=args.jobs, timeout=args.timeout,
-                            stagger_s=args.stagger, soak_requests=args.soak_requests)
+                            stagger_s=args.stagger, soak_requests=args.soak_requests,
+                            gpu_ids=visible_gpus(args.gpus))
         args.out.mkdir(parents=True, exist_ok=True)
         tag = args.tag or (args.shard.replace("/", "of") if args.shard else "all")
         with tarfile.open(args.out / f"logs-{tag}.tar.gz", "w:gz") as tar:
@@ -718,7 +956,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"environment": environment(command, time.perf_counter() - t0), "cases": summaries}
     (args.out / f"e2e-{tag}.json").write_text(json.dumps(doc, indent=1))
     (args.out / f"e2e-{tag}.txt").write_text(report + "\n")
-    return 0 if all(r.passed for r in results) else 1
+    return 0 if all(r.passed or r.skipped for r in results) else 1
 
 
 if __name__ == "__main__":

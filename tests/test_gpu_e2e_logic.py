@@ -24,10 +24,14 @@ import gpu_smoke as smoke  # noqa: E402
 
 
 def test_matrix_covers_every_combination_once() -> None:
-    matrix = [c for c in e2e.all_cases() if c.profile == "matrix"]
+    matrix = [c for c in e2e.all_cases() if c.profile == "matrix" and c.gpus == 1]
     combos = {(c.algorithm, c.backend, c.cuda_graph, c.pcg) for c in matrix}
     assert len(matrix) == len(combos) == 16
-    assert {c.profile for c in e2e.all_cases()} == {"matrix", "retract", "soak", "text"}
+    assert {c.profile for c in e2e.all_cases()} == {"matrix", "retract", "soak", "text", "http"}
+    tp2 = [c for c in e2e.all_cases() if c.gpus == 2]
+    assert {(c.algorithm, c.backend, c.pcg) for c in tp2} == {("EAGLE3", "triton", False),
+                                                              ("STANDALONE", "flashinfer", True)}
+    assert [c.name for c in e2e.all_cases() if c.server] == ["http-eagle3-triton-graph-nopcg"]
     assert len({c.name for c in e2e.all_cases()}) == len(e2e.all_cases())
 
 
@@ -252,3 +256,137 @@ def test_run_cases_shares_one_workload_per_profile(tmp_path: Path, monkeypatch: 
     assert len(seen) == 4 and len({id(v) for v in seen.values()}) == 1
     assert [r.case.name for r in results] == [c.name for c in cases]
     assert all(r.passed for r in results), [c for r in results for c in r.checks if not c.ok]
+
+
+# ----------------------------------------------------------------------------- GPUs, TP=2, HTTP
+
+
+def test_tp2_cases_are_skipped_on_one_gpu_and_engines_spread_over_several(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text('{"vocab_size": 4096}')
+    placed: dict[tuple[str, str], str] = {}
+
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config):
+        placed[(case.name, mode_name)] = spec["cuda_visible_devices"]
+        assert spec["server"] is case.server
+        res = {"pid": 10, "scenarios": {sc["name"]: {"outputs": []} for sc in spec["scenarios"]}}
+        return _fake_run(res, applied=() if mode == "off" else (10, 11), disabled=2 if mode == "off" else 0,
+                         calls=3 if mode == "off" else 0)
+
+    monkeypatch.setattr(e2e, "run_engine", fake_run_engine)
+    cases = e2e.select_cases(["tp2-eagle3-*", "eagle3-triton-graph-nopcg"])
+    one = e2e.run_cases(cases, tmp_path, tmp_path, jobs=2, timeout=1, stagger_s=0, soak_requests=10, gpu_ids=["0"])
+    by = {r.case.name: r for r in one}
+    assert by["tp2-eagle3-triton-graph-nopcg"].skipped == "needs 2 GPUs, 1 available"
+    assert by["eagle3-triton-graph-nopcg"].passed and not by["eagle3-triton-graph-nopcg"].skipped
+    assert set(placed) == {("eagle3-triton-graph-nopcg", "stock"), ("eagle3-triton-graph-nopcg", "patched")}
+    report = e2e.format_report([e2e.case_summary(r) for r in one])
+    assert "SKIPPED tp2-eagle3-triton-graph-nopcg" in report and report.endswith("1/1 cases, 1 skipped")
+
+    placed.clear()
+    two = e2e.run_cases(cases, tmp_path, tmp_path, jobs=4, timeout=1, stagger_s=0, soak_requests=10,
+                        gpu_ids=["2", "5"])
+    assert not any(r.skipped for r in two)
+    assert placed[("tp2-eagle3-triton-graph-nopcg", "stock")] == "2,5"
+    single = sorted(v for (name, _), v in placed.items() if not name.startswith("tp2"))
+    assert single == ["2", "5"]  # stock and patched of the 1-GPU case on different GPUs
+
+
+def test_server_argv_turns_engine_kwargs_into_flags(tmp_path: Path) -> None:
+    case = next(c for c in e2e.all_cases() if c.server)
+    argv = e2e.server_argv(e2e.engine_kwargs(case, tmp_path), 31000)
+    assert argv[argv.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert "--disable-piecewise-cuda-graph" in argv and "--disable-cuda-graph" not in argv
+    assert "--skip-tokenizer-init" not in argv  # the http case needs the tokenizer
+    assert argv[-4:] == ["--host", "127.0.0.1", "--port", "31000"]
+
+
+class _StandInServer:
+    """A loopback HTTP server answering /v1/completions (plain and SSE) and /generate the
+    way sglang.launch_server does, with FakeEngine's greedy continuation."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        engine = FakeEngine()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, body: bytes, ctype: str = "application/json") -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:  # noqa: N802
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/generate":
+                    ids = req.get("input_ids") or [int(w[1:]) for w in req["text"].split()]
+                    o = engine.generate(input_ids=[ids], sampling_params=[req["sampling_params"]],
+                                        return_logprob=req.get("return_logprob", False),
+                                        top_logprobs_num=req.get("top_logprobs_num", 0))[0]
+                    self._send(json.dumps(o).encode())
+                    return
+                params = {"max_new_tokens": req["max_tokens"], "ignore_eos": req["ignore_eos"],
+                          "stop": req.get("stop", [])}
+                o = engine.generate(prompt=[req["prompt"]], sampling_params=[params])[0]
+                finish = "length" if o["meta_info"]["finish_reason"]["type"] == "length" else "stop"
+                usage = {"completion_tokens": len(o["output_ids"])}
+                if not req["stream"]:
+                    self._send(json.dumps({"choices": [{"text": o["text"], "finish_reason": finish}],
+                                           "usage": usage}).encode())
+                    return
+                words = o["text"].split(" ")
+                events = [{"choices": [{"text": (" " if k else "") + w, "finish_reason": None}]}
+                          for k, w in enumerate(words)]
+                events[-1]["choices"][0]["finish_reason"] = finish
+                events.append({"choices": [], "usage": usage})
+                body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+                self._send(body.encode(), "text/event-stream")
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_http_scenarios_against_a_stand_in_server() -> None:
+    server = _StandInServer()
+    try:
+        runs = []
+        for _ in range(2):
+            done, results = {}, {}
+            for sc in e2e.scenarios("http", 4096):
+                res = e2e.run_http_scenario(server.base, "tiny", sc, done)
+                res["scenario"] = sc
+                done[sc["name"]] = res
+                results[sc["name"]] = {k: v for k, v in res.items() if k != "scenario"}
+            runs.append(results)
+    finally:
+        server.close()
+    for sc in e2e.scenarios("http", 4096):
+        checks = e2e.compare_scenario(sc, runs[0][sc["name"]], runs[1][sc["name"]])
+        assert checks and all(c.ok for c in checks), [c for c in checks if not c.ok]
+    patched = runs[1]
+    assert all(o["n_tokens"] == p["max_new_tokens"] and o["text"] for o, p in
+               zip(patched["completions"]["outputs"], e2e.scenarios("http", 4096)[0]["sampling_params"]))
+    assert all(o["chunks"] > 1 for o in patched["completions_stream"]["outputs"])
+    assert patched["completions_stop"]["stops"] and all(
+        o["finish"] == "stop" for o in patched["completions_stop"]["outputs"])
+    assert all(o["logprobs"] and o["output_ids"] for o in patched["generate_ids"]["outputs"])
+    # A difference in one streamed text is caught.
+    bad = {k: (dict(v, outputs=[dict(o) for o in v["outputs"]]) if k == "completions_stream" else v)
+           for k, v in patched.items()}
+    bad["completions_stream"]["outputs"][0]["text"] += " w9"
+    sc = e2e.scenarios("http", 4096)[1]
+    assert not all(c.ok for c in e2e.compare_scenario(sc, runs[0]["completions_stream"], bad["completions_stream"]))

@@ -168,9 +168,15 @@ def resolve_future(self, model_worker_batch):
     draft_input = model_worker_batch.spec_info
     if draft_input is None:
         return  # prefill: nothing relayed yet
-    # The index tensor stays referenced by the worker batch that the scheduler pins
-    # for two iterations, so the allocator cannot recycle it under this forward.
     indices = draft_input.future_indices.indices
+    if indices.device.type != "cpu":
+        # Made on the schedule stream (filter_batch/merge_batch build a new one), read here
+        # on the forward stream. Once the worker swaps model_worker_batch.spec_info and the
+        # scheduler batch.spec_info, nothing on the host holds it: without this the
+        # allocator hands its block to the next schedule-stream tensor while this gather
+        # may still be queued behind a busy forward stream (garbage slots, then garbage
+        # bonus tokens reach the draft's embedding: a device-side assert).
+        indices.record_stream(torch.get_device_module(self.device).current_stream())
     # new_seq_lens is not relayed here: the workers read batch.seq_lens, which
     # resolve_seq_lens_cpu refreshed from the publish before this forward.
     topk_p, topk_index, bonus_tokens, hidden_states = gather_spec_extras(
@@ -218,6 +224,6 @@ BACKPORT = Backport(
         Target(_OVERLAP, "FutureMap._init_stash_bufs", _init_stash_bufs,
                expected="8d993fd06db63ce5"),
         Target(_OVERLAP, "FutureMap.resolve_future", resolve_future,
-               expected="efe80973d20f76dd"),
+               expected="94f8c5469a7fb600"),
     ),
 )

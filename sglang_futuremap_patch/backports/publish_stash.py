@@ -104,9 +104,15 @@ def resolve_future(self, model_worker_batch):
     draft_input = model_worker_batch.spec_info
     if draft_input is None:
         return  # prefill: nothing relayed yet
-    # The index tensor stays referenced by the worker batch that the scheduler pins
-    # for two iterations, so the allocator cannot recycle it under this forward.
     indices = draft_input.future_indices.indices
+    if indices.device.type != "cpu":
+        # Made on the schedule stream (filter_batch/merge_batch build a new one), read here
+        # on the forward stream. Once the worker swaps model_worker_batch.spec_info and the
+        # scheduler batch.spec_info, nothing on the host holds it: without this the
+        # allocator hands its block to the next schedule-stream tensor while this gather
+        # may still be queued behind a busy forward stream (garbage slots, then garbage
+        # bonus tokens reach the draft's embedding: a device-side assert).
+        indices.record_stream(torch.get_device_module(self.device).current_stream())
     draft_input.topk_p = self.topk_p_buf[indices]
     draft_input.topk_index = self.topk_index_buf[indices]
     draft_input.bonus_tokens = self.bonus_tokens_buf[indices]
@@ -204,6 +210,9 @@ def forward_spec_v2_overlap(self, batch):
     model_worker_batch.sampling_info = model_worker_batch.sampling_info.copy_for_forward()
     # A plain tensor: FutureIndices objects are edited in place by filter_batch.
     indices = batch.req_pool_indices
+    if indices.device.type != "cpu":
+        # publish and stash index with it on the forward stream, after this call returns.
+        indices.record_stream(self.forward_stream)
     worker = self.model_worker
     fwd_kwargs = {}
     if getattr(worker, "accepts_on_publish", False):

@@ -1,8 +1,8 @@
 """GPU end-to-end suite (stock vs. patched SGLang over the spec-v2 matrix): scripts/gpu_e2e.py.
 
 Skipped unless a CUDA GPU, SGLang and the installed plugin are all present (the reason comes
-from the smoke test's check). Starts 38 SGLang Engines, 12 at a time: about 5-10 minutes on
-one H100/H200. ``SGLANG_FUTUREMAP_E2E_CASES`` (space-separated patterns) narrows it down.
+from the smoke test's check). Starts 44 SGLang Engines (the two TP=2 cases are reported as
+skipped on a one-GPU machine), 12 at a time: about 5-10 minutes on one H100/H200. ``SGLANG_FUTUREMAP_E2E_CASES`` (space-separated patterns) narrows it down.
 """
 
 from __future__ import annotations
