@@ -571,6 +571,57 @@ def _first_diff(a: Sequence[Any], b: Sequence[Any]) -> int | None:
     return k
 
 
+def _same_output(a: dict[str, Any], b: dict[str, Any], logprobs: bool) -> bool:
+    same = (a["output_ids"] == b["output_ids"] and a.get("text") == b.get("text")
+            and a.get("finish") == b.get("finish"))
+    if logprobs:
+        same = same and a.get("logprobs") == b.get("logprobs") and a.get("top_logprobs") == b.get("top_logprobs")
+    return same
+
+
+MISMATCH_CHECKS = (": outputs identical", ": logprobs identical")
+
+
+def adjudicate(sc_list: Sequence[dict[str, Any]], checks: list[Check], stock: dict[str, Any],
+               rerun: dict[str, Any], patched: dict[str, Any]) -> list[Check]:
+    """Second opinion on output mismatches, from a second stock run of the same workload.
+
+    Greedy decoding in SGLang is reproducible only as far as its kernels are batch-invariant:
+    when two runs batch the same requests differently (arrival timing), a near-tie between two
+    logits can flip. A mismatch therefore counts against the plugin only if stock SGLang
+    reproduces itself: for each scenario that mismatched, every patched output must equal the
+    output of one of the two stock runs, and the two stock runs must disagree somewhere in
+    that scenario (else stock is reproducible there and the plugin changed the output).
+    The original check stays in the record, marked, next to the new one."""
+    by_name = {sc["name"]: sc for sc in sc_list}
+    s1 = (stock.get("result") or {}).get("scenarios", {})
+    s2 = (rerun.get("result") or {}).get("scenarios", {})
+    pp = (patched.get("result") or {}).get("scenarios", {})
+    out: list[Check] = []
+    for check in checks:
+        name, _, what = check.name.partition(": ")
+        if check.ok or f": {what}" not in MISMATCH_CHECKS or name not in by_name:
+            out.append(check)
+            continue
+        logprobs = what == "logprobs identical"
+        a, b, p = ((r.get(name) or {}).get("outputs") for r in (s1, s2, pp))
+        if rerun.get("returncode") != 0 or not a or not b or not p or not (len(a) == len(b) == len(p)):
+            out.append(check)
+            out.append(Check(f"{name}: second stock run", False, "the second stock run did not finish"))
+            continue
+        unstable = [i for i, (x, y) in enumerate(zip(a, b)) if not x.get("abort_requested")
+                    and not _same_output(x, y, logprobs)]
+        foreign = [i for i, (x, y, z) in enumerate(zip(a, b, p)) if not z.get("abort_requested")
+                   and not _same_output(x, z, logprobs) and not _same_output(y, z, logprobs)]
+        ok = bool(unstable) and not foreign
+        out.append(Check(check.name, ok, ("[stock itself not reproducible here: see next check] " if ok else "")
+                         + check.detail))
+        out.append(Check(f"{name}: patched {'outputs' if not logprobs else 'logprobs'} match a stock run", ok,
+                         f"stock run 1 vs 2 differ on requests {unstable[:8]}; patched matches neither on "
+                         f"{foreign[:8]}"))
+    return out
+
+
 def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: dict[str, Any] | None) -> list[Check]:
     """Stock vs patched for one scenario (both are a run's ``scenarios[name]`` entry)."""
     name = sc["name"]
@@ -593,12 +644,19 @@ def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: 
             if long_[: len(short)] != short:
                 prefix_bad.append(i)
             continue
-        if s["output_ids"] != p["output_ids"] or s.get("text") != p.get("text") or s.get("finish") != p.get("finish"):
+        if not _same_output(s, p, False):
             exact_bad.append((i, _first_diff(s["output_ids"], p["output_ids"])))
     n = len(so)
+    first = ""
+    if exact_bad:
+        i, k = exact_bad[0]
+        k = k or 0
+        first = (f"; request {i}: stock {len(so[i]['output_ids'])} tokens ({so[i].get('finish')}) "
+                 f"{so[i]['output_ids'][max(0, k - 2):k + 3]}, patched {len(po[i]['output_ids'])} tokens "
+                 f"({po[i].get('finish')}) {po[i]['output_ids'][max(0, k - 2):k + 3]} from token {max(0, k - 2)}")
     checks.append(Check(f"{name}: outputs identical", not exact_bad,
                         f"{n - aborted - len(exact_bad)}/{n - aborted} identical"
-                        + (f"; differ (request, first token): {exact_bad[:6]}" if exact_bad else "")))
+                        + (f"; differ (request, first token): {exact_bad[:6]}{first}" if exact_bad else "")))
     if aborted:
         checks.append(Check(f"{name}: aborted outputs agree as prefixes", not prefix_bad,
                             f"{aborted} aborted, {len(prefix_bad)} disagree {prefix_bad[:6]}"))
@@ -766,6 +824,12 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
                 continue
             runs = {m: futures[(c.name, m)].result() for m, _ in RUNS}
             checks = evaluate_case(c, workloads[c.profile], runs["stock"], runs["patched"])
+            failing = [x.name for x in checks if not x.ok]
+            if failing and all(n.endswith(MISMATCH_CHECKS) for n in failing):
+                print(f"case {c.name}: outputs differ; running stock SGLang once more", flush=True)
+                runs["stock-rerun"] = one(c, "stock-rerun", "off")
+                checks = adjudicate(workloads[c.profile], checks, runs["stock"], runs["stock-rerun"],
+                                    runs["patched"])
             ok = all(x.ok for x in checks)
             print(f"case {c.name}: {'PASSED' if ok else 'FAILED'}", flush=True)
             results.append(CaseResult(c, ok, checks, time.perf_counter() - t0, runs))
@@ -795,7 +859,7 @@ def case_summary(r: CaseResult) -> dict[str, Any]:
 
     return {"case": asdict(r.case), "passed": r.passed, "wall_s": round(r.wall_s, 1),
             "checks": [asdict(c) for c in r.checks],
-            "runs": {m: run_info(run) for m, run in r.runs.items()}}
+            "runs": {m: run_info(run) for m, run in r.runs.items()}}  # stock, patched[, stock-rerun]
 
 
 def format_report(summaries: Sequence[dict[str, Any]]) -> str:
@@ -827,7 +891,10 @@ def format_report(summaries: Sequence[dict[str, Any]]) -> str:
 
 def merge_record(paths: Sequence[Path]) -> str:
     """The Markdown record of one or more result JSONs (one table row per case)."""
-    docs = [json.loads(p.read_text()) for p in paths]
+    return merge_record_from_docs([json.loads(p.read_text()) for p in paths])
+
+
+def merge_record_from_docs(docs: Sequence[dict[str, Any]]) -> str:
     cases = [c for d in docs for c in d["cases"]]
     env = docs[0]["environment"] if docs else {}
     ok = sum(c["passed"] for c in cases)
@@ -857,6 +924,9 @@ def merge_record(paths: Sequence[Path]) -> str:
             continue
         p, s = c["runs"]["patched"], c["runs"]["stock"]
         bad = "; ".join(f"{x['name']}: {x['detail']}" for x in c["checks"] if not x["ok"])[:300] or "-"
+        if c["passed"] and "stock-rerun" in c["runs"]:
+            bad = "passed on a second stock run: " + "; ".join(
+                x["detail"] for x in c["checks"] if x["name"].endswith("match a stock run"))[:300]
         lines.append(f"| {c['case']['name']} | {'pass' if c['passed'] else '**FAIL**'} | {p['requests']} | "
                      f"{p['output_tokens']} | {s['mean_accept_length']} / {p['mean_accept_length']} | "
                      f"{', '.join(p['scenario_seconds'])} | {bad} |")

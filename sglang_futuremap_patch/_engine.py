@@ -144,8 +144,26 @@ def fingerprint(obj: Any) -> str:
 # ----------------------------------------------------------------------------- resolution
 
 
+def _import_target_module(name: str) -> types.ModuleType:
+    """Import a module the series patches, the way SGLang's own start-up ends up importing it.
+
+    A package whose ``__init__`` fails part-way leaves the submodules it had finished in
+    ``sys.modules``, so a second import of one of them succeeds. SGLang's start-up depends on
+    that: e.g. with FlashInfer 0.6.11 but without its ``cuda-tile`` dependency, ``import
+    flashinfer.comm`` fails inside a guarded import (``flashinfer_comm_fusion``) and the
+    unguarded ``from flashinfer.comm.mnnvl import ...`` that comes later then works. The
+    plugin may be the first to import such a chain, so it retries once; a second failure is
+    a real one (and the gate then leaves SGLang untouched).
+    """
+    try:
+        return importlib.import_module(name)
+    except ImportError as first:
+        logger.debug("importing %s failed once (%s); retrying", name, first)
+        return importlib.import_module(name)
+
+
 def _resolve_owner(target: Target) -> tuple[Any, str, types.ModuleType]:
-    module = importlib.import_module(target.owner)
+    module = _import_target_module(target.owner)
     *parents, attr = target.name.split(".")
     obj: Any = module
     for part in parents:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 
@@ -216,3 +217,33 @@ def test_property_replacements_are_spliced_as_properties(clean_state):
         assert FutureMap.backends.fget(None) == ["triton"]
     finally:
         _engine.uninstall()
+
+
+def _write_pkg(root, missing: str) -> None:
+    """A package whose __init__ finishes one submodule, then fails on a missing dependency
+    (FlashInfer 0.6.11 without cuda-tile), and a module that imports that submodule."""
+    pkg = root / "halfpkg_fm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(f"from . import done\nimport {missing}\n")
+    (pkg / "done.py").write_text("VALUE = 7\n")
+    (root / "uses_halfpkg_fm.py").write_text("from halfpkg_fm.done import VALUE\n")
+
+
+def test_a_chain_that_imports_on_the_second_try_is_resolved(tmp_path, monkeypatch):
+    from sglang_futuremap_patch import _engine
+
+    _write_pkg(tmp_path, "no_such_dependency_fm")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("halfpkg_fm", "halfpkg_fm.done", "uses_halfpkg_fm"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    module = _engine._import_target_module("uses_halfpkg_fm")
+    assert module.VALUE == 7
+
+
+def test_a_module_that_cannot_import_still_fails(tmp_path, monkeypatch):
+    from sglang_futuremap_patch import _engine
+
+    (tmp_path / "broken_fm.py").write_text("import no_such_dependency_fm\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_fm"):
+        _engine._import_target_module("broken_fm")

@@ -390,3 +390,58 @@ def test_http_scenarios_against_a_stand_in_server() -> None:
     bad["completions_stream"]["outputs"][0]["text"] += " w9"
     sc = e2e.scenarios("http", 4096)[1]
     assert not all(c.ok for c in e2e.compare_scenario(sc, runs[0]["completions_stream"], bad["completions_stream"]))
+
+
+def test_a_mismatch_counts_only_where_stock_reproduces_itself() -> None:
+    sc = {"name": "bs7", "kind": "batch", "sampling_params": [e2e._greedy(3)] * 3}
+    s1 = [_rec([5, 6, 7]), _rec([8, 9, 10]), _rec([1, 2, 3])]
+    s2 = [_rec([5, 6, 7]), _rec([8, 9, 11]), _rec([1, 2, 3])]  # stock flips request 1 by itself
+
+    def run(outs):
+        return {"returncode": 0, "result": {"scenarios": {"bs7": {"outputs": outs}}}}
+
+    def verdict(patched_outs):
+        checks = e2e.compare_scenario(sc, {"outputs": s1}, {"outputs": patched_outs})
+        return e2e.adjudicate([sc], checks, run(s1), run(s2), run(patched_outs))
+
+    # patched = the second stock run's output for the unstable request: pass, with a note
+    ok = verdict([_rec([5, 6, 7]), _rec([8, 9, 11]), _rec([1, 2, 3])])
+    assert all(c.ok for c in ok) and any(c.name == "bs7: patched outputs match a stock run" for c in ok)
+    assert ok[0].detail.startswith("[stock itself not reproducible")
+    # patched differs where stock reproduces itself (request 2): a failure
+    bad = verdict([_rec([5, 6, 7]), _rec([8, 9, 10]), _rec([1, 2, 4])])
+    assert not all(c.ok for c in bad)
+    assert "matches neither on [2]" in next(c.detail for c in bad if c.name.endswith("match a stock run"))
+    # stock reproducible everywhere: a patched difference stays a failure
+    stable = e2e.adjudicate([sc], e2e.compare_scenario(sc, {"outputs": s1}, {"outputs": s2}), run(s1), run(s1),
+                            run(s2))
+    assert not all(c.ok for c in stable)
+    # the detail names the first differing request and shows the tokens around the split
+    detail = e2e.compare_scenario(sc, {"outputs": s1}, {"outputs": s2})[0].detail
+    assert "request 1: stock 3 tokens" in detail and "[8, 9, 10]" in detail and "[8, 9, 11]" in detail
+
+
+def test_run_cases_reruns_stock_once_on_a_mismatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text('{"vocab_size": 4096}')
+    calls: list[str] = []
+
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config):
+        calls.append(mode_name)
+        sc = spec["scenarios"][0]
+        n = len(sc["input_ids"])
+        outs = [_rec([7] * 300) for _ in range(n)]
+        if mode_name in ("patched", "stock-rerun"):
+            outs[3] = _rec([7] * 299 + [8])  # the second stock run agrees with patched
+        res = {"pid": 10, "scenarios": {sc["name"]: {"outputs": outs}}}
+        return _fake_run(res, applied=() if mode == "off" else (10, 11), disabled=2 if mode == "off" else 0,
+                         calls=3 if mode == "off" else 0, retract=1)
+
+    monkeypatch.setattr(e2e, "run_engine", fake_run_engine)
+    (r,) = e2e.run_cases(e2e.select_cases(["retract-*"]), tmp_path, tmp_path, jobs=2, timeout=1, stagger_s=0,
+                         soak_requests=10)
+    assert sorted(calls) == ["patched", "stock", "stock-rerun"]
+    assert r.passed and "stock-rerun" in r.runs
+    record = e2e.merge_record_from_docs([{"environment": {"date": "2026-11-22", "command": "x", "wall_s": 1},
+                                          "cases": [e2e.case_summary(r)]}])
+    assert "passed on a second stock run" in record
