@@ -445,3 +445,11 @@ def test_run_cases_reruns_stock_once_on_a_mismatch(tmp_path: Path, monkeypatch: 
     record = e2e.merge_record_from_docs([{"environment": {"date": "2026-11-22", "command": "x", "wall_s": 1},
                                           "cases": [e2e.case_summary(r)]}])
     assert "passed on a second stock run" in record
+
+
+def test_server_port_leaves_room_for_sglangs_derived_grpc_port() -> None:
+    import random
+
+    rng = random.Random(3)
+    ports = {e2e._free_port(rng) for _ in range(20)}
+    assert all(20000 <= p < 45000 and p + 10000 <= 65535 for p in ports) and len(ports) > 1
