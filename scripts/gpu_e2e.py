@@ -375,6 +375,28 @@ def _settle(spec: dict[str, Any]) -> None:
     time.sleep(float(spec.get("settle_s", 1.0)))
 
 
+def run_scenarios(spec: dict[str, Any], result: dict[str, Any], run_one: Any) -> None:
+    """Every scenario of ``spec`` in order through ``run_one(scenario, done)``, each after a
+    pause (``_settle``); results, or the error, go to ``result["scenarios"]``."""
+    done: dict[str, Any] = {}
+    for sc in spec["scenarios"]:
+        _settle(spec)
+        t1 = time.perf_counter()
+        try:
+            res = run_one(sc, done)
+            res["scenario"] = sc
+            done[sc["name"]] = res
+            entry = {k: v for k, v in res.items() if k != "scenario"}
+        except Exception as exc:  # recorded: both runs failing alike means "unsupported"
+            import traceback
+
+            traceback.print_exc()
+            entry = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        entry["seconds"] = time.perf_counter() - t1
+        result["scenarios"][sc["name"]] = entry
+        print(f"scenario {sc['name']}: {entry.get('error', 'ok')} in {entry['seconds']:.1f} s", flush=True)
+
+
 def server_argv(kwargs: dict[str, Any], port: int) -> list[str]:
     """``sglang.launch_server`` flags for Engine keyword arguments (``True``: a bare flag)."""
     argv: list[str] = []
@@ -503,23 +525,7 @@ def server_worker_main(spec: dict[str, Any]) -> int:
         model = _http_json(base + "/v1/models")["data"][0]["id"]
         _http_json(base + "/generate", {"text": "w3 w4 w5 w6", "sampling_params": _greedy(16)})
         result["startup_s"] = time.perf_counter() - t0
-        done: dict[str, Any] = {}
-        for sc in spec["scenarios"]:
-            _settle(spec)
-            t1 = time.perf_counter()
-            try:
-                res = run_http_scenario(base, model, sc, done)
-                res["scenario"] = sc
-                done[sc["name"]] = res
-                entry = {k: v for k, v in res.items() if k != "scenario"}
-            except Exception as exc:  # recorded: both runs failing alike means "unsupported"
-                import traceback
-
-                traceback.print_exc()
-                entry = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-            entry["seconds"] = time.perf_counter() - t1
-            result["scenarios"][sc["name"]] = entry
-            print(f"scenario {sc['name']}: {entry.get('error', 'ok')} in {entry['seconds']:.1f} s", flush=True)
+        run_scenarios(spec, result, lambda sc, done: run_http_scenario(base, model, sc, done))
         time.sleep(float(spec.get("probe_settle_s", 2.0)))
     finally:
         Path(spec["result_path"]).write_text(json.dumps(result))
@@ -551,23 +557,7 @@ def worker_main(spec_path: Path) -> int:
         else:
             engine.generate(prompt=["w3 w4 w5 w6"], sampling_params=[warm])
         result["memory_after_warmup_mib"] = _gpu_memory_mib(pids)
-        done: dict[str, Any] = {}
-        for sc in spec["scenarios"]:
-            _settle(spec)
-            t1 = time.perf_counter()
-            try:
-                res = run_scenario(engine, sc, done, pids)
-                res["scenario"] = sc
-                done[sc["name"]] = res
-                entry = {k: v for k, v in res.items() if k != "scenario"}
-            except Exception as exc:  # recorded: both runs failing alike means "unsupported"
-                import traceback
-
-                traceback.print_exc()
-                entry = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-            entry["seconds"] = time.perf_counter() - t1
-            result["scenarios"][sc["name"]] = entry
-            print(f"scenario {sc['name']}: {entry.get('error', 'ok')} in {entry['seconds']:.1f} s", flush=True)
+        run_scenarios(spec, result, lambda sc, done: run_scenario(engine, sc, done, pids))
         result["memory_end_mib"] = _gpu_memory_mib(pids)
         time.sleep(float(spec.get("probe_settle_s", 2.0)))
     finally:

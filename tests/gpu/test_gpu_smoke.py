@@ -17,21 +17,25 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 
 
-def _skip_reason() -> str | None:
+def gpu_skip_reason(why_gpu: str = "the smoke test starts real SGLang engines", *,
+                    installed_plugin: bool = True) -> str | None:
+    """Why a GPU test cannot run here (None: it can). ``installed_plugin``: SGLang must find
+    this package through its ``sglang.srt.plugins`` entry point (tests that start Engines)."""
     try:
         import torch
     except ImportError:
         return "torch is not installed"
     if not torch.cuda.is_available():
-        return "no CUDA GPU: the smoke test starts real SGLang engines"
+        return f"no CUDA GPU: {why_gpu}"
     if importlib.util.find_spec("sglang") is None:
         return "SGLang is not installed"
-    if not any(ep.value.startswith("sglang_futuremap_patch") for ep in entry_points(group="sglang.srt.plugins")):
+    if installed_plugin and not any(
+            ep.value.startswith("sglang_futuremap_patch") for ep in entry_points(group="sglang.srt.plugins")):
         return "sglang_futuremap_patch is not installed (no sglang.srt.plugins entry point)"
     return None
 
 
-_REASON = _skip_reason()
+_REASON = gpu_skip_reason()
 
 
 @pytest.mark.skipif(_REASON is not None, reason=_REASON or "")

@@ -21,10 +21,11 @@ Runs on any CUDA GPU with SGLang and this package importable (no engine, a few s
 
 from __future__ import annotations
 
-import importlib.util
 from types import SimpleNamespace
 
 import pytest
+
+from test_gpu_smoke import gpu_skip_reason
 
 SLOTS = 64
 WANTED = [3, 5, 7]
@@ -32,19 +33,7 @@ DECOY_SLOT = 1
 TRIALS = 8
 
 
-def _skip_reason() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU: the race needs two CUDA streams"
-    if importlib.util.find_spec("sglang") is None:
-        return "SGLang is not installed"
-    return None
-
-
-_REASON = _skip_reason()
+_REASON = gpu_skip_reason("the race needs two CUDA streams", installed_plugin=False)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
 
 
