@@ -47,11 +47,9 @@ if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
 fi
 
 START=$(date +%s)
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT="${OUT:-./gpu-out}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-cd "$ROOT" || exit 2
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_enter_repo
 
 # Tag from --model/--backend values (first of each), e.g. 8b-triton-nopcg.
 tag_of() {
@@ -67,13 +65,7 @@ TAG="${BENCH_TAG:-$(tag_of "$@")}"
 SETUP="$OUT/setup.log"
 : > "$SETUP"
 
-if [ -f .gpu/activate.sh ]; then
-    # shellcheck disable=SC1091
-    source .gpu/activate.sh
-    PIP_TARGET_ARGS=(--no-build-isolation --upgrade --target "${BENCH_SITE:-/tmp/site312}")
-else
-    PIP_TARGET_ARGS=()
-fi
+gpu_use_bundle "${BENCH_SITE:-/tmp/site312}"
 
 {
     echo "== $(date -u +%FT%TZ) run_bench.sh $*"

@@ -15,18 +15,11 @@
 # /tmp/site312); E2E_SKIP_INSTALL=1 (the plugin is installed already).
 set -uo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT="${OUT:-./gpu-out}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-cd "$ROOT" || exit 2
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_enter_repo
 
-PIP_TARGET_ARGS=()
-if [ -f .gpu/activate.sh ]; then
-    # shellcheck disable=SC1091
-    source .gpu/activate.sh
-    PIP_TARGET_ARGS=(--no-build-isolation --upgrade --target "${E2E_SITE:-/tmp/site312}")
-fi
+gpu_use_bundle "${E2E_SITE:-/tmp/site312}"
 MODELS="$(mktemp -d -t e2e-models-XXXXXX)"
 trap 'rm -rf "$MODELS"' EXIT
 {

@@ -31,19 +31,15 @@
 set -uo pipefail
 
 START=$(date +%s)
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT="${OUT:-./gpu-out}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-cd "$ROOT" || exit 2
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_enter_repo
 MATRIX="$OUT/matrix.txt"
 : > "$MATRIX"
 log() { echo "$*" | tee -a "$MATRIX"; }
 
-if [ -f .gpu/activate.sh ] && [ "${SMOKE_NO_ACTIVATE:-0}" != "1" ]; then
-    # shellcheck disable=SC1091
-    source .gpu/activate.sh
-    PIP_TARGET_ARGS=(--no-build-isolation --upgrade --target "${SMOKE_SITE:-/tmp/site312}")
+if [ "${SMOKE_NO_ACTIVATE:-0}" != "1" ]; then
+    gpu_use_bundle "${SMOKE_SITE:-/tmp/site312}"
 else
     PIP_TARGET_ARGS=()
 fi

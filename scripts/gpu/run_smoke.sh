@@ -15,21 +15,13 @@
 #                       several configurations in one command: scripts/gpu/run_matrix.sh)
 set -uo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT="${OUT:-./gpu-out}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-cd "$ROOT" || exit 2
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_enter_repo
 SETUP="$OUT/setup.log"
 : > "$SETUP"
 
-if [ -f .gpu/activate.sh ]; then
-    # shellcheck disable=SC1091
-    source .gpu/activate.sh
-    PIP_TARGET_ARGS=(--no-build-isolation --upgrade --target "${SMOKE_SITE:-/tmp/site312}")
-else
-    PIP_TARGET_ARGS=()
-fi
+gpu_use_bundle "${SMOKE_SITE:-/tmp/site312}"
 
 {
     echo "== python: $(python3 -V 2>&1)"

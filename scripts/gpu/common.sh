@@ -1,0 +1,22 @@
+# Shared by the scripts/gpu/run_*.sh entry points; sourced, not run.
+
+# gpu_enter_repo: ROOT = this checkout, OUT = ${OUT:-./gpu-out} made absolute (relative to the
+# caller's directory), then cd to ROOT.
+gpu_enter_repo() {
+    ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+    OUT="${OUT:-./gpu-out}"
+    mkdir -p "$OUT"
+    OUT="$(cd "$OUT" && pwd)"
+    cd "$ROOT" || exit 2
+}
+
+# gpu_use_bundle SITE: with the offline SGLang bundle (.gpu/activate.sh), unpack and activate it
+# and let PIP_TARGET_ARGS install the plugin into SITE; without it, PIP_TARGET_ARGS is empty.
+gpu_use_bundle() {
+    PIP_TARGET_ARGS=()
+    if [ -f .gpu/activate.sh ]; then
+        # shellcheck disable=SC1091
+        source .gpu/activate.sh
+        PIP_TARGET_ARGS=(--no-build-isolation --upgrade --target "$1")
+    fi
+}
