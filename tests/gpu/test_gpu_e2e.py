@@ -8,24 +8,17 @@ skipped on a one-GPU machine), 12 at a time: about 5-10 minutes on one H100/H200
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from test_gpu_smoke import _REASON
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from test_gpu_smoke import _REASON, import_script
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 def test_gpu_e2e(tmp_path: Path) -> None:
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import gpu_e2e
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    gpu_e2e = import_script("gpu_e2e")
     cases = os.environ.get("SGLANG_FUTUREMAP_E2E_CASES", "").split()
     argv = ["--out", str(tmp_path), "--jobs", "12", "--timeout", "300"] + (["--cases", *cases] if cases else [])
     rc = gpu_e2e.main(argv)

@@ -6,10 +6,12 @@ entry point) are all present. It starts two SGLang engines (a few minutes).
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,12 +40,17 @@ def gpu_skip_reason(why_gpu: str = "the smoke test starts real SGLang engines", 
 _REASON = gpu_skip_reason()
 
 
-@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
-def test_gpu_smoke(tmp_path: Path) -> None:
+def import_script(name: str) -> Any:
+    """A module of ``scripts/`` (they import each other as top-level modules)."""
     sys.path.insert(0, str(SCRIPTS))
     try:
-        import gpu_smoke
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(SCRIPTS))
+
+
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_gpu_smoke(tmp_path: Path) -> None:
+    gpu_smoke = import_script("gpu_smoke")
     rc = gpu_smoke.main(["--log-dir", str(tmp_path / "logs"), "--out-json", str(tmp_path / "smoke.json")])
     assert rc == 0, f"GPU smoke failed: see {tmp_path / 'smoke.json'} and the logs in {tmp_path / 'logs'}"
