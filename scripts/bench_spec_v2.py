@@ -44,7 +44,13 @@ Extra passes, per case:
   only) of one decode run per ``--profile-batch-sizes``; the GPU idle fraction is 1 - the
   union of kernel/memcpy/memset intervals over the decode window (the kernel span with its
   first ``--profile-trim-head`` and last ``--profile-trim-tail`` fractions cut, which drops
-  the prefill).
+  the prefill). The same window gives GPU busy time per decode iteration and the kernels
+  that take it (by name).
+* ``--host-profile`` (optional): one Engine per variant, untimed, with a cProfile of the
+  scheduler process (``scripts/gpu_probe/host_profile.py``) switched on for the decode
+  request sets only, one profile per batch size: host time per decode iteration by function,
+  garbage-collector time, and the functions whose time differs most between stock and
+  patched. cProfile slows the Python loop, so this says where time goes, not how fast.
 
 Every Engine's log is scanned for the plugin's startup lines (``applied`` in the scheduler
 process for patched, ``disabled`` for stock); a run that fails the check is kept in the
@@ -293,6 +299,65 @@ def summarize_probe_block(probe: dict[str, Any] | None, bs: int) -> dict[str, An
     return (probe.get("by_bs") or {}).get(str(bs))
 
 
+def host_profile_module() -> Any:
+    """``scripts/gpu_probe/host_profile.py`` (a folder that is not a package)."""
+    name = "bench_host_profile"
+    mod = sys.modules.get(name)
+    if mod is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(name, HERE / "gpu_probe" / "host_profile.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def summarize_host_docs(docs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The scheduler's host profile (``host-<pid>.json``), per batch size and decode iteration."""
+    hp = host_profile_module()
+    sched = [d for d in docs if str(d.get("proctitle") or "").startswith(SCHEDULER_TITLE)] or list(docs)
+    if not sched:
+        return None
+    doc = max(sched, key=lambda d: len(d.get("phases") or {}))
+    by_bs: dict[str, Any] = {}
+    for phase, rec in (doc.get("phases") or {}).items():
+        if not phase.startswith("bs="):
+            continue
+        n = hp.decode_iterations(rec.get("iterations") or {})
+        gc_stats = rec.get("gc") or {}
+        by_bs[phase[3:]] = {
+            "decode_iterations": n,
+            "iterations": rec.get("iterations"),
+            "stretches": rec.get("stretches"),
+            "wall_us_per_iter": rec["wall_s"] * 1e6 / n if n else None,
+            "gc": gc_stats,
+            "gc_us_per_iter": sum(t for _c, t in gc_stats.values()) * 1e6 / n if n else None,
+            "loop_us_per_iter": {k: v * 1e6 / n for k, v in (rec.get("loop_cumtime_s") or {}).items()} if n else {},
+            "functions": hp.per_iteration(rec.get("functions") or [], n),
+        }
+    return {"pid": doc.get("pid"), "python": doc.get("python"), "errors": doc.get("errors"), "by_bs": by_bs}
+
+
+def compare_host(stock: dict[str, Any] | None, patched: dict[str, Any] | None, bs: int,
+                 top: int = 15) -> dict[str, Any] | None:
+    """Stock vs. patched host profile at one batch size: per decode iteration."""
+    s = ((stock or {}).get("by_bs") or {}).get(str(bs))
+    p = ((patched or {}).get("by_bs") or {}).get(str(bs))
+    if not s or not p:
+        return None
+    hp = host_profile_module()
+    loop = sorted(set(s.get("loop_us_per_iter") or {}) | set(p.get("loop_us_per_iter") or {}))
+    return {
+        "decode_iterations": {"stock": s["decode_iterations"], "patched": p["decode_iterations"]},
+        "wall_us_per_iter": {"stock": s["wall_us_per_iter"], "patched": p["wall_us_per_iter"]},
+        "gc_us_per_iter": {"stock": s["gc_us_per_iter"], "patched": p["gc_us_per_iter"]},
+        "loop_us_per_iter": {k: {"stock": (s.get("loop_us_per_iter") or {}).get(k),
+                                 "patched": (p.get("loop_us_per_iter") or {}).get(k)} for k in loop},
+        "top_tottime_delta": hp.diff_rows(s.get("functions") or {}, p.get("functions") or {}, "tottime_us", top),
+    }
+
+
 def summarize_case(case: dict[str, Any]) -> dict[str, Any]:
     """Medians, spreads and ratios per batch size, from the raw runs of one case."""
     bss = sorted({int(b) for r in case.get("runs", []) for b in ((r.get("result") or {}).get("batches") or {})})
@@ -338,6 +403,12 @@ def summarize_case(case: dict[str, Any]) -> dict[str, Any]:
             v: _med(p.get("idle_fraction") for p in prof.get(v, []) if int(p.get("bs", -1)) == bs)
             for v in ("stock", "patched")
         }
+        row["gpu_busy_us_per_iter"] = {
+            v: _med(p.get("busy_us_per_iter") for p in prof.get(v, []) if int(p.get("bs", -1)) == bs)
+            for v in ("stock", "patched")
+        }
+        host = case.get("host") or {}
+        row["host"] = compare_host(host.get("stock"), host.get("patched"), bs)
         out["by_bs"][str(bs)] = row
     return out
 
@@ -436,7 +507,47 @@ def idle_fraction(intervals: Sequence[tuple[float, float]], trim_head: float = 0
     busy = union_length(intervals, lo, hi)
     n_in = sum(1 for a, b in intervals if b > lo and a < hi)
     return {"idle_fraction": 1.0 - busy / (hi - lo), "window_us": hi - lo, "busy_us": busy,
-            "span_us": span, "events_in_window": n_in, "events": len(intervals)}
+            "span_us": span, "events_in_window": n_in, "events": len(intervals), "window": [lo, hi]}
+
+
+def kernel_name(name: str, width: int = 90) -> str:
+    """A kernel's name without template/argument lists, cut to ``width``."""
+    base = name.split("(", 1)[0]
+    if "<" in base:
+        base = base.split("<", 1)[0]
+    return base[:width] or name[:width]
+
+
+def kernel_table(trace: dict[str, Any] | list[Any], lo: float, hi: float, top: int = 15,
+                 cats: Sequence[str] = GPU_CATS) -> list[dict[str, Any]]:
+    """GPU events that start in [lo, hi), by name: count and total duration, largest first."""
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    wanted = {c.lower() for c in cats}
+    agg: dict[str, list[float]] = {}
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("ph") != "X" or str(ev.get("cat", "")).lower() not in wanted:
+            continue
+        try:
+            ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not lo <= ts < hi:
+            continue
+        e = agg.setdefault(kernel_name(str(ev.get("name", "?"))), [0, 0.0])
+        e[0] += 1
+        e[1] += max(dur, 0.0)
+    rows = [{"name": k, "count": int(v[0]), "total_us": v[1]} for k, v in agg.items()]
+    rows.sort(key=lambda r: r["total_us"], reverse=True)
+    return rows[:top]
+
+
+def iterations_in_window(metas: Sequence[dict[str, Any]], rec: dict[str, Any]) -> float | None:
+    """Decode iterations inside a profile's window, estimated: the batch's verify count
+    (``spec_verify_ct``, the same for every request of one batch) times window / span."""
+    ver = [m.get("spec_verify_ct") for m in metas if isinstance(m.get("spec_verify_ct"), (int, float))]
+    if not ver or not rec.get("span_us"):
+        return None
+    return max(ver) * rec["window_us"] / rec["span_us"]
 
 
 def load_trace(path: Path) -> dict[str, Any]:
@@ -608,7 +719,8 @@ def get_case(doc: dict[str, Any], model: str, backend: str) -> dict[str, Any]:
     for c in doc["cases"]:
         if c["model"] == model and c["backend"] == backend:
             return c
-    c = {"model": model, "backend": backend, "engine_kwargs": None, "runs": [], "probe": {}, "profile": {}}
+    c = {"model": model, "backend": backend, "engine_kwargs": None, "runs": [], "probe": {}, "profile": {},
+         "host": {}}
     doc["cases"].append(c)
     return c
 
@@ -633,6 +745,9 @@ def merge_docs(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             for v, p in (case.get("probe") or {}).items():
                 if p:
                     m["probe"][v] = p
+            for v, h in (case.get("host") or {}).items():
+                if h:
+                    m.setdefault("host", {})[v] = h
             for v, profs in (case.get("profile") or {}).items():
                 m["profile"].setdefault(v, []).extend(profs)
     for case in merged["cases"]:
@@ -1028,6 +1143,14 @@ def worker_main(spec_path: Path) -> int:
     plen = spec["prompt_len"]
     n_new = spec["max_new_tokens"]
     probe_dir = os.environ.get(SYNC_PROBE_ENV) if spec["pass"] == "probe" else None
+    host_dir = os.environ.get("SMOKE_PROBE_DIR") if spec["pass"] == "host" else None
+    hp = host_profile_module() if host_dir else None
+
+    def host_phase(phase: str) -> None:
+        """Host pass: the scheduler's profiler follows this (it polls every 10 ms)."""
+        if hp is not None:
+            hp.set_phase(host_dir, phase)
+            time.sleep(0.05)
     snap_dir = spec.get("sync_snapshot_dir") if spec["pass"] == "probe" else None
     result: dict[str, Any] = {
         "pid": os.getpid(),
@@ -1098,7 +1221,9 @@ def worker_main(spec_path: Path) -> int:
             trials = []
             for t in range(spec["trials"]):
                 t1, m1 = gen(make_prompts(bs, plen, vocab, tag=f"prefill-{t}"), 1)
+                host_phase(f"bs={bs}")
                 tn, mn = gen(make_prompts(bs, plen, vocab, tag=f"decode-{t}"), n_new)
+                host_phase("idle")
                 trials.append(decode_metrics(bs, n_new, t1, tn, mn))
             _set_phase(probe_dir, "idle", spec["phase_settle_s"])
             snapshot(f"bs={bs}")
@@ -1142,10 +1267,18 @@ def _profile(engine: Any, spec: dict[str, Any], gen) -> list[dict[str, Any]]:
             if not traces:
                 rec["error"] = "no trace file"
             else:
-                ivs = gpu_intervals(load_trace(traces[-1]))
+                trace = load_trace(traces[-1])
+                ivs = gpu_intervals(trace)
                 res = idle_fraction(ivs, spec["profile_trim_head"], spec["profile_trim_tail"])
                 rec.update(res or {"error": "no GPU events in trace"})
                 rec["trace_bytes"] = traces[-1].stat().st_size
+                if res:
+                    rec["kernels"] = kernel_table(trace, *res["window"])
+                    iters = iterations_in_window(metas, res)
+                    rec["iterations_in_window"] = iters
+                    if iters:
+                        rec["busy_us_per_iter"] = res["busy_us"] / iters
+                        rec["window_us_per_iter"] = res["window_us"] / iters
         except Exception as exc:
             rec["error"] = repr(exc)
         finally:
@@ -1226,6 +1359,8 @@ def run_engine(*, case: dict[str, Any], variant: str, mode: str, pass_: str, rep
                          smoke_sync=smoke_sync)
     if spec["profile_batch_sizes"]:
         env["SGLANG_TORCH_PROFILER_DIR"] = spec["profile_dir"]
+    if pass_ == "host":
+        env["SMOKE_HOST_PROFILE"] = "1"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
     print(f"== {tag}: {ENV_MODE}={mode} (timeout {timeout:.0f} s) log {log_path}", flush=True)
     t0 = time.perf_counter()
@@ -1275,6 +1410,8 @@ def run_engine(*, case: dict[str, Any], variant: str, mode: str, pass_: str, rep
             r for r in read_sync_records(sync_dir)
             if not r.get("proctitle") or str(r.get("proctitle")).startswith(SCHEDULER_TITLE)
         )
+    if pass_ == "host":
+        run["host"] = summarize_host_docs(host_profile_module().read_profiles(str(probe_dir)))
     print(f"   {tag}: rc {rc}, {wall:.1f} s, valid {valid} ({detail})", flush=True)
     return run
 
@@ -1303,6 +1440,20 @@ def format_summary(doc: dict[str, Any]) -> str:
                 f"  bs {bs:>3}: stock {_fmt(st, 1)} tok/s, patched {_fmt(pt, 1)} tok/s, ratio {_fmt(row['ratio'], 3)}; "
                 f"blocked ms/iter {_fmt(b['stock'], 3)} -> {_fmt(b['patched'], 3)}; "
                 f"idle {_fmt(row['idle_fraction']['stock'], 3)} -> {_fmt(row['idle_fraction']['patched'], 3)}")
+            busy = row.get("gpu_busy_us_per_iter") or {}
+            if busy.get("stock") is not None or busy.get("patched") is not None:
+                lines.append(f"         GPU busy us/iter {_fmt(busy.get('stock'), 1)} -> {_fmt(busy.get('patched'), 1)}")
+            h = row.get("host")
+            if h:
+                w, g = h["wall_us_per_iter"], h["gc_us_per_iter"]
+                lines.append(
+                    f"         host (cProfile) us/iter {_fmt(w['stock'], 1)} -> {_fmt(w['patched'], 1)} "
+                    f"(decode iterations {h['decode_iterations']['stock']} / {h['decode_iterations']['patched']}; "
+                    f"gc {_fmt(g['stock'], 1)} -> {_fmt(g['patched'], 1)}); loop: " + ", ".join(
+                        f"{k} {_fmt(v['stock'], 0)}->{_fmt(v['patched'], 0)}" for k, v in h["loop_us_per_iter"].items()))
+                for d in h["top_tottime_delta"][:8]:
+                    lines.append(f"           {d['delta']:+8.1f} us  {d['func']} ({_fmt(d['stock'], 1)} -> "
+                                 f"{_fmt(d['patched'], 1)}; calls {d['calls_stock']:.2f} -> {d['calls_patched']:.2f})")
     for t in doc.get("targets", []):
         met = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]
         lines.append(f"[{met}] {t['case']}: {t['target']} (value {_fmt(t['value'], 3)})")
@@ -1338,6 +1489,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "probe in this file")
     p.add_argument("--profile", action="store_true",
                    help="GPU idle fraction from a torch-profiler trace, in the last timed run of each variant")
+    p.add_argument("--host-profile", action="store_true",
+                   help="one more Engine per variant with a cProfile of the scheduler loop per batch size")
+    p.add_argument("--host-trials", type=int, default=2, help="decode request sets per batch size in the host pass")
     p.add_argument("--profile-batch-sizes", default="1,16", help="batch sizes profiled with --profile (default 1,16)")
     p.add_argument("--profile-new-tokens", type=int, default=128)
     p.add_argument("--profile-trim-head", type=float, default=0.15)
@@ -1360,11 +1514,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def plan_runs(reps: int, probe: bool, profile: bool) -> list[tuple[str, int, list[tuple[str, str]]]]:
+def plan_runs(reps: int, probe: bool, profile: bool,
+              host: bool = False) -> list[tuple[str, int, list[tuple[str, str]]]]:
     """[(pass, rep, [(variant, mode), ...])]: pairs of Engines that belong together."""
     out: list[tuple[str, int, list[tuple[str, str]]]] = [("timed", r, list(VARIANTS)) for r in range(reps)]
     if profile and reps == 0:
         out.append(("timed", 0, list(VARIANTS)))  # a profile-only pair; timed values come along
+    if host:
+        out.append(("host", 0, list(VARIANTS)))
     if probe:
         out.append(("probe", 0, list(VARIANTS)))
     return out
@@ -1387,9 +1544,10 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_new_tokens": args.warmup_new_tokens, "probe": args.probe, "probe_trials": args.probe_trials,
         "profile": args.profile, "profile_batch_sizes": prof_bss, "profile_new_tokens": args.profile_new_tokens,
         "profile_trim": [args.profile_trim_head, args.profile_trim_tail], "spec": SPEC,
+        "host_profile": args.host_profile, "host_trials": args.host_trials,
         "variants": dict(VARIANTS), "pcg_max_tokens": args.pcg_max_tokens, "mem_fraction": args.mem_fraction,
     }
-    plan = plan_runs(args.reps, args.probe, args.profile)
+    plan = plan_runs(args.reps, args.probe, args.profile, args.host_profile)
     if args.dry_run:
         for m in models:
             for b in backends:
@@ -1440,7 +1598,8 @@ def main(argv: list[str] | None = None) -> int:
                         print("!! " + msg, flush=True)
                         doc.setdefault("skipped", []).append(msg)
                         continue
-                    spec = dict(base_spec, trials=args.trials if pass_ == "timed" else args.probe_trials)
+                    trials = {"timed": args.trials, "host": args.host_trials}.get(pass_, args.probe_trials)
+                    spec = dict(base_spec, trials=trials)
                     for variant, mode in pair:
                         timeout = min(args.run_timeout, max(deadline.left() - 5.0, 30.0))
                         run = run_engine(case=case, variant=variant, mode=mode, pass_=pass_, rep=rep, spec=spec,
@@ -1451,6 +1610,8 @@ def main(argv: list[str] | None = None) -> int:
                         for k in ("gpu", "sglang_version", "torch_version", "cuda"):
                             if res.get(k) and not doc["env"].get(k):
                                 doc["env"][k] = res[k]
+                        if pass_ == "host":
+                            case.setdefault("host", {})[variant] = run.get("host")
                         if pass_ == "probe":
                             case["probe"][variant] = run.get("sync")
                             # keep the probed run's raw numbers, but out of the timed medians

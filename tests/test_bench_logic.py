@@ -319,13 +319,21 @@ def load_plugins():
     else:
         msg = f"sglang_futuremap_patch: applied 2 back-ports (5 targets) to SGLang fake [pid {pid}]: a, b"
     print(f"[2026-01-01 00:00:00 INFO pid={pid}] {msg}", file=sys.stderr, flush=True)
+def _patched_extra():
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.0003:
+        pass
 class Scheduler:
+    def get_next_batch_to_run(self):
+        return None
     def run_batch(self, batch):
         import torch
         if batch.forward_mode.name == "DECODE":
             torch.Tensor(1.0, True).item()   # the stock verify_done-like sync (2 ms), 0.1 ms patched
             torch.Tensor(1.0, False).item()  # a CPU tensor: not a sync
             time.sleep(0.0002)
+            if os.environ.get("SGLANG_FUTUREMAP_PATCH") != "off":
+                _patched_extra()  # host work only the "patched" fake does
         return None
 '''
 
@@ -349,11 +357,13 @@ class Engine:
         return dict(self.kw, version=__version__)
     def generate(self, input_ids, sampling_params):
         n = sampling_params[0]["max_new_tokens"]
+        self.sched.get_next_batch_to_run()  # the scheduler loop: one tick per batch
         self.sched.run_batch(_Batch("EXTEND"))
         time.sleep(0.002)
         iters = math.ceil((n - 1) / 4)
         per = 0.0006 if os.environ.get("SGLANG_FUTUREMAP_PATCH") == "off" else 0.0005
         for _ in range(iters):
+            self.sched.get_next_batch_to_run()
             self.sched.run_batch(_Batch("DECODE"))
             time.sleep(per)
         return [{"output_ids": [5] * n, "meta_info": {"completion_tokens": n, "spec_verify_ct": iters or 1,
@@ -364,7 +374,8 @@ class Engine:
         ev = [{"ph": "X", "cat": "kernel", "ts": 10.0 * i, "dur": 7.0} for i in range(100)]
         with gzip.open(os.path.join(self.prof, "1-TP-0.trace.json.gz"), "wt") as f:
             json.dump({"traceEvents": ev}, f)
-    def shutdown(self): pass
+    def shutdown(self):
+        self.sched.get_next_batch_to_run()  # an idle loop tick, as SGLang's loop spins
 '''
 
 
@@ -432,3 +443,120 @@ def test_end_to_end_with_fake_sglang(tmp_path, fake_site):
     assert "bs   1:" in p.stdout and "blocked ms/iter" in p.stdout
     logs = sorted(x.name for x in (out.parent / "bench-logs").iterdir())
     assert len(logs) == 4 and logs[0].startswith("tiny-triton-nopcg-")
+
+
+def test_end_to_end_host_profile(tmp_path, fake_site):
+    p, out, doc = _fake_bench(tmp_path, fake_site, "--reps", "0", "--no-probe", "--host-profile",
+                              "--host-trials", "2")
+    case = doc["cases"][0]
+    assert [(r["pass"], r["variant"], r["valid"]) for r in case["runs"]] == [
+        ("host", "stock", True), ("host", "patched", True)]
+    assert case["summary"]["n_runs"] == {"stock": 0, "patched": 0}  # never in the timed medians
+    hs = case["host"]["stock"]["by_bs"]
+    assert set(hs) == {"1", "4"}
+    # 2 decode request sets per batch size, ceil(32 / 4) = 8 decode iterations each, and the
+    # profile covers them only (one EXTEND each, no warm-up, no prefill-only request)
+    assert hs["4"]["decode_iterations"] == 16 and hs["4"]["iterations"] == {"EXTEND": 2, "DECODE": 16}
+    assert hs["4"]["stretches"] == 2 and hs["4"]["wall_us_per_iter"] > 200
+    row = case["summary"]["by_bs"]["4"]["host"]
+    assert row["decode_iterations"] == {"stock": 16, "patched": 16}
+    top = row["top_tottime_delta"]
+    extra = next(r for r in top if "_patched_extra" in r["func"])
+    assert extra["stock"] == 0 and extra["patched"] > 150 and extra["calls_patched"] == pytest.approx(1.0)
+    # run_batch per decode iteration: 2 ms "sync" + 0.2 ms stock; 0.1 + 0.2 + 0.3 ms patched
+    rb = row["loop_us_per_iter"]["run_batch"]
+    assert rb["stock"] > 1800 and 500 < rb["patched"] < 1500
+    assert "host (cProfile) us/iter" in p.stdout and "_patched_extra" in p.stdout
+
+
+def test_host_profile_diff_and_per_iteration():
+    hp = bench.host_profile_module()
+    rows = [{"func": "a.py:1(f)", "name": "f", "calls": 20, "tottime_s": 0.002, "cumtime_s": 0.004},
+            {"func": "a.py:9(g)", "name": "g", "calls": 10, "tottime_s": 0.001, "cumtime_s": 0.001}]
+    per = hp.per_iteration(rows, 10)
+    assert per["a.py:1(f)"] == {"calls": 2.0, "tottime_us": 200.0, "cumtime_us": 400.0}
+    assert hp.per_iteration(rows, 0) == {}
+    other = {"a.py:1(f)": {"calls": 2.0, "tottime_us": 210.0, "cumtime_us": 400.0},
+             "b.py:5(h)": {"calls": 1.0, "tottime_us": 50.0, "cumtime_us": 50.0}}
+    d = hp.diff_rows(per, other, top=2)
+    assert [r["func"] for r in d] == ["b.py:5(h)", "a.py:1(f)"]
+    assert d[0]["delta"] == 50.0 and d[0]["calls_stock"] == 0.0
+    assert hp.func_label(("~", 0, "<built-in method time.sleep>")) == "<built-in method time.sleep>"
+    assert hp.func_label(("/x/site-packages/sglang/srt/a.py", 3, "f")) == "sglang/srt/a.py:3(f)"
+    assert hp.decode_iterations({"DECODE": 3, "TARGET_VERIFY": 2, "EXTEND": 9}) == 5
+
+
+def test_host_profiler_in_process(tmp_path):
+    """The profiler itself on a stand-in scheduler loop: phases, iterations, functions, gc."""
+    import gc
+    import time
+
+    hp = bench.host_profile_module()
+
+    class FM:
+        def __init__(self, name):
+            self.name = name
+
+    class Batch:
+        def __init__(self, name):
+            self.forward_mode = FM(name)
+
+    def hot():
+        return sum(range(2000))
+
+    class Scheduler:
+        def get_next_batch_to_run(self):
+            return None
+
+        def run_batch(self, batch):
+            hot()
+            if batch.forward_mode.name == "DECODE":
+                gc.collect(0)
+
+    prof = hp.HostProfiler(str(tmp_path), poll_s=0.002)
+    prof.install(Scheduler)
+    try:
+        sched = Scheduler()
+
+        def loop(n, mode="DECODE"):
+            for _ in range(n):
+                sched.get_next_batch_to_run()
+                sched.run_batch(Batch(mode))
+
+        loop(3)  # idle phase: not profiled
+        hp.set_phase(str(tmp_path), "bs=8")
+        time.sleep(0.05)
+        loop(1, "EXTEND")
+        loop(5)
+        hp.set_phase(str(tmp_path), "idle")
+        time.sleep(0.05)
+        loop(2)  # the first tick stops the profile
+        assert prof.active is None
+    finally:
+        gc.callbacks.remove(prof._on_gc)
+    docs = hp.read_profiles(str(tmp_path))
+    assert len(docs) == 1 and docs[0]["installed"] and not docs[0]["errors"]
+    rec = docs[0]["phases"]["bs=8"]
+    assert rec["iterations"] == {"EXTEND": 1, "DECODE": 5} and rec["stretches"] == 1
+    hot_row = next(f for f in rec["functions"] if f["name"] == "hot")
+    assert hot_row["calls"] == 6  # the idle-phase calls are not in it
+    assert rec["gc"]["0"][0] == 5 and rec["gc"]["0"][1] > 0
+    assert "run_batch" in rec["loop_cumtime_s"] or rec["functions_total"] > 0
+    summary = bench.summarize_host_docs(docs)
+    assert summary["by_bs"]["8"]["decode_iterations"] == 5
+    assert summary["by_bs"]["8"]["functions"][hot_row["func"]]["calls"] == pytest.approx(6 / 5)
+
+
+def test_kernel_table_and_iterations():
+    events = [{"ph": "X", "cat": "kernel", "ts": 10.0 * i, "dur": 4.0,
+               "name": "void at::native::vectorized_elementwise_kernel<4, Foo>(int, Foo)"} for i in range(10)]
+    events += [{"ph": "X", "cat": "gpu_memset", "ts": 10.0 * i + 5, "dur": 1.0, "name": "Memset (Device)"}
+               for i in range(10)]
+    events.append({"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 100, "name": "aten::add"})
+    rows = bench.kernel_table({"traceEvents": events}, 20.0, 80.0)
+    assert rows[0] == {"name": "void at::native::vectorized_elementwise_kernel", "count": 6, "total_us": 24.0}
+    assert rows[1] == {"name": "Memset (Device)", "count": 6, "total_us": 6.0}
+    res = bench.idle_fraction(bench.gpu_intervals({"traceEvents": events}), 0.1, 0.0)
+    it = bench.iterations_in_window([{"spec_verify_ct": 40}, {"spec_verify_ct": 40}], res)
+    assert it == pytest.approx(40 * res["window_us"] / res["span_us"])
+    assert bench.iterations_in_window([{}], res) is None

@@ -17,6 +17,8 @@ Inactive unless ``SMOKE_PROBE_DIR`` is set. When active it
 * with ``SMOKE_SYNC_PROBE=1``, loads ``smoke_sync_probe.py`` from this folder: a host-sync
   counter that hooks every function named ``run_batch`` through the same mechanism and wraps
   torch's sync entry points in the scheduler process only (see that module);
+* with ``SMOKE_HOST_PROFILE=1``, loads ``host_profile.py`` from this folder: a cProfile of
+  the scheduler loop per benchmark phase (see that module);
 * unless ``SMOKE_PROBE_PLUGIN_LOG=0``, gives the ``sglang_futuremap_patch`` logger its own
   stderr handler whose format carries the level and pid, so the plugin's startup line has
   a parseable level even in a scheduler process where SGLang has not configured logging
@@ -58,6 +60,16 @@ def _install() -> None:
         sys.modules["smoke_sync_probe"] = sync_probe
         spec.loader.exec_module(sync_probe)
         sync_probe.install_from_env(lambda name, fn: hooks.setdefault(name, []).append(fn))
+
+    if os.environ.get("SMOKE_HOST_PROFILE") == "1":
+        import importlib.util
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        spec = importlib.util.spec_from_file_location("host_profile", os.path.join(here, "host_profile.py"))
+        host_profile = importlib.util.module_from_spec(spec)
+        sys.modules["host_profile"] = host_profile
+        spec.loader.exec_module(host_profile)
+        host_profile.install_from_env(lambda name, fn: hooks.setdefault(name, []).append(fn))
 
     def _run_hooks(name, frame) -> None:
         for fn in hooks.get(name, ()):
@@ -118,7 +130,8 @@ def _install() -> None:
     monitoring = getattr(sys, "monitoring", None)
     if monitoring is not None:
         tool_id = None
-        for candidate in (monitoring.PROFILER_ID, 5, 4, 3, monitoring.OPTIMIZER_ID):
+        # PROFILER_ID last: cProfile (3.12+) needs it for the host profile (host_profile.py).
+        for candidate in (4, 3, monitoring.OPTIMIZER_ID, monitoring.PROFILER_ID):
             try:
                 monitoring.use_tool_id(candidate, "sglang-smoke-probe")
             except ValueError:
