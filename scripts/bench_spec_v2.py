@@ -511,11 +511,12 @@ def idle_fraction(intervals: Sequence[tuple[float, float]], trim_head: float = 0
 
 
 def kernel_name(name: str, width: int = 90) -> str:
-    """A kernel's name without template/argument lists, cut to ``width``."""
-    base = name.split("(", 1)[0]
-    if "<" in base:
-        base = base.split("<", 1)[0]
-    return base[:width] or name[:width]
+    """A C++ kernel's name without its template and argument lists, cut to ``width``;
+    other names (``Memset (Device)``, ``Memcpy DtoH ...``) as they are."""
+    base = name
+    if "::" in name or "<" in name:
+        base = name.split("(", 1)[0].split("<", 1)[0].strip()
+    return (base or name)[:width]
 
 
 def kernel_table(trace: dict[str, Any] | list[Any], lo: float, hi: float, top: int = 15,

@@ -348,7 +348,7 @@ FAKE_MONITORING = textwrap.dedent("""\
     class Events: PY_START = 1
     class FakeMonitoring:
         PROFILER_ID, OPTIMIZER_ID, DISABLE, events = 2, 5, object(), Events
-        used = {2}
+        used = {4}  # taken by someone else; PROFILER_ID (2) is left for cProfile
         def use_tool_id(self, i, name):
             if i in self.used: raise ValueError(i)
             self.used.add(i); calls["tool"] = i
@@ -359,7 +359,7 @@ FAKE_MONITORING = textwrap.dedent("""\
     def maybe_wait_verify_done(): pass
     def other(): pass
     cb = calls["cb"]
-    assert calls["tool"] == 5 and calls["events"] == 1, calls
+    assert calls["tool"] == 3 and calls["events"] == 1, calls
     assert cb(other.__code__, 0) is sys.monitoring.DISABLE
     for _ in range(3): assert cb(maybe_wait_verify_done.__code__, 0) is None
     """)
@@ -377,8 +377,8 @@ def test_probe_monitoring_branch(tmp: Path) -> None:
     r = subprocess.run([sys.executable, str(script), str(gs.PROBE_DIR / "sitecustomize.py")], env=env, timeout=60,
                        capture_output=True, text=True)
     recs = gs.read_probe_dir(out)
-    expect(r.returncode == 0 and [x["total"] for x in recs] == [3] and recs[0]["mechanism"] == "sys.monitoring:5",
-           "monitoring branch counts 3 calls with tool id 5"
+    expect(r.returncode == 0 and [x["total"] for x in recs] == [3] and recs[0]["mechanism"] == "sys.monitoring:3",
+           "monitoring branch counts 3 calls with tool id 3 (4 taken, 2 left for cProfile)"
            + ("" if r.returncode == 0 and recs else f" (rc {r.returncode}, {recs}, {r.stderr[-300:]})"))
 
 

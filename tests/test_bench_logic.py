@@ -479,8 +479,9 @@ def test_host_profile_diff_and_per_iteration():
     other = {"a.py:1(f)": {"calls": 2.0, "tottime_us": 210.0, "cumtime_us": 400.0},
              "b.py:5(h)": {"calls": 1.0, "tottime_us": 50.0, "cumtime_us": 50.0}}
     d = hp.diff_rows(per, other, top=2)
-    assert [r["func"] for r in d] == ["b.py:5(h)", "a.py:1(f)"]
-    assert d[0]["delta"] == 50.0 and d[0]["calls_stock"] == 0.0
+    # deltas: g -100 (gone), h +50 (new), f +10
+    assert [r["func"] for r in d] == ["a.py:9(g)", "b.py:5(h)"]
+    assert d[0]["delta"] == -100.0 and d[1]["delta"] == 50.0 and d[1]["calls_stock"] == 0.0
     assert hp.func_label(("~", 0, "<built-in method time.sleep>")) == "<built-in method time.sleep>"
     assert hp.func_label(("/x/site-packages/sglang/srt/a.py", 3, "f")) == "sglang/srt/a.py:3(f)"
     assert hp.decode_iterations({"DECODE": 3, "TARGET_VERIFY": 2, "EXTEND": 9}) == 5
