@@ -515,7 +515,8 @@ def kernel_name(name: str, width: int = 90) -> str:
     other names (``Memset (Device)``, ``Memcpy DtoH ...``) as they are."""
     base = name
     if "::" in name or "<" in name:
-        base = name.split("(", 1)[0].split("<", 1)[0].strip()
+        base = name.replace("(anonymous namespace)::", "")
+        base = base.removeprefix("void ").split("(", 1)[0].split("<", 1)[0].strip()
     return (base or name)[:width]
 
 

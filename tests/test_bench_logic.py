@@ -555,7 +555,8 @@ def test_kernel_table_and_iterations():
                for i in range(10)]
     events.append({"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 100, "name": "aten::add"})
     rows = bench.kernel_table({"traceEvents": events}, 20.0, 80.0)
-    assert rows[0] == {"name": "void at::native::vectorized_elementwise_kernel", "count": 6, "total_us": 24.0}
+    assert rows[0] == {"name": "at::native::vectorized_elementwise_kernel", "count": 6, "total_us": 24.0}
+    assert bench.kernel_name("void (anonymous namespace)::softmax_warp<float>(float*)") == "softmax_warp"
     assert rows[1] == {"name": "Memset (Device)", "count": 6, "total_us": 6.0}
     res = bench.idle_fraction(bench.gpu_intervals({"traceEvents": events}), 0.1, 0.0)
     it = bench.iterations_in_window([{"spec_verify_ct": 40}, {"spec_verify_ct": 40}], res)

@@ -1109,13 +1109,13 @@ def prepare_for_extend_to_fill_draft_kvcache(
             # depends on the extend lengths only, so init_new got it right).
             forward_batch.extend_prefix_lens = prefix_lens.to(torch.int32)
             forward_batch.extend_prefix_lens_cpu = None
-            forward_batch.positions = prefix_lens.to(torch.int64).repeat_interleave(
-                num_draft_tokens
-            ) + torch.arange(
-                num_draft_tokens, dtype=torch.int64, device=prefix_lens.device
-            ).repeat(
-                len(prefix_lens)
-            )
+            # One broadcast add: every op here is host time on a CPU-bound decode loop.
+            forward_batch.positions = (
+                prefix_lens.unsqueeze(1)
+                + torch.arange(
+                    num_draft_tokens, dtype=torch.int64, device=prefix_lens.device
+                )
+            ).view(-1)
     can_cuda_graph = cuda_graph_runner and cuda_graph_runner.can_run(forward_batch)
     if not batch.forward_mode.is_idle() and not can_cuda_graph:
         draft_model_runner.attn_backend.init_forward_metadata(forward_batch)
