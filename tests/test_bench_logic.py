@@ -562,3 +562,16 @@ def test_kernel_table_and_iterations():
     it = bench.iterations_in_window([{"spec_verify_ct": 40}, {"spec_verify_ct": 40}], res)
     assert it == pytest.approx(40 * res["window_us"] / res["span_us"])
     assert bench.iterations_in_window([{}], res) is None
+
+
+def test_cpu_pinning_plan(tmp_path):
+    assert bench.parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    root = tmp_path / "cpu"
+    for cpu, sib in {0: "0,4", 1: "1,5", 2: "2,6", 3: "3,7", 4: "0,4", 5: "1,5", 6: "2,6", 7: "3,7"}.items():
+        (root / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (root / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(sib + "\n")
+    # hyper-threads: CPU 7 for the scheduler, its sibling 3 left idle
+    assert bench.plan_pinning(range(8), str(root)) == (7, [0, 1, 2, 4, 5, 6])
+    assert bench.core_siblings(9, str(root)) == {9}  # no topology: itself
+    assert bench.plan_pinning([0, 4, 1, 5], str(root)) is None  # too few CPUs to spare
+    assert bench.plan_pinning([], str(root)) is None
