@@ -4,6 +4,7 @@
     python3 scripts/plot_bench.py results/bench/*.json              # -> results/bench/{bench.png,README.md}
     python3 scripts/plot_bench.py a.json b.json --out-dir /tmp/x --merged /tmp/x/merged.json
 
+A ``reading.md`` in the out dir (the interpretation, written by hand) is appended to the README.
 Cases are merged by (model, backend) across files: the timed runs of all files count
 (pairs are formed within a file), the later file's probe result wins, profiles add up.
 The plot needs matplotlib (``pip install matplotlib``; without it only the README is
@@ -25,6 +26,8 @@ if str(HERE) not in sys.path:
 import bench_spec_v2 as bench  # noqa: E402
 
 DEFAULT_OUT = ROOT / "results" / "bench"
+#: Hand-written notes in the out dir, appended to the generated README as they are.
+READING = "reading.md"
 
 
 def _f(v: Any, nd: int = 1) -> str:
@@ -114,6 +117,39 @@ def top_sites_section(merged: dict[str, Any], max_sites: int = 4) -> str:
     return "\n".join(lines)
 
 
+def host_section(merged: dict[str, Any], top: int = 5) -> str:
+    """Host time per decode iteration from the cProfile pass (``--host-profile``)."""
+    lines = []
+    for case in merged["cases"]:
+        s = case.get("summary") or bench.summarize_case(case)
+        for bs in sorted(s["by_bs"], key=int):
+            h = s["by_bs"][bs].get("host")
+            if not h:
+                continue
+            w, g, n = h["wall_us_per_iter"], h["gc_us_per_iter"], h["decode_iterations"]
+            deltas = "; ".join(f"`{d['func']}` {d['delta']:+.0f}" for d in h["top_tottime_delta"][:top])
+            lines.append(f"- {case_label(case)}, bs {bs}: {_f(w['stock'], 0)} / {_f(w['patched'], 0)} us per decode "
+                         f"iteration ({n['stock']} / {n['patched']} iterations, GC {_f(g['stock'])} / "
+                         f"{_f(g['patched'])} us); largest differences in own time (us/iter): {deltas}")
+    return "\n".join(lines)
+
+
+def gpu_section(merged: dict[str, Any]) -> str:
+    """GPU busy time and idle fraction per decode iteration, from the profiled runs."""
+    lines = []
+    for case in merged["cases"]:
+        s = case.get("summary") or bench.summarize_case(case)
+        for bs in sorted(s["by_bs"], key=int):
+            r = s["by_bs"][bs]
+            busy = r.get("gpu_busy_us_per_iter") or {}
+            if busy.get("stock") is None and busy.get("patched") is None:
+                continue
+            lines.append(f"- {case_label(case)}, bs {bs}: GPU busy {_f(busy.get('stock'), 0)} / "
+                         f"{_f(busy.get('patched'), 0)} us per decode iteration, idle "
+                         f"{_pct(r['idle_fraction']['stock'])} / {_pct(r['idle_fraction']['patched'])}")
+    return "\n".join(lines)
+
+
 def targets_section(targets: Sequence[dict[str, Any]]) -> tuple[str, int, int]:
     lines = []
     met = sum(1 for t in targets if t["met"] is True)
@@ -142,13 +178,15 @@ def _uniq(values: Sequence[Any]) -> str:
 
 
 def render_readme(merged: dict[str, Any], targets: Sequence[dict[str, Any]], plot_name: str | None,
-                  plot_command: str) -> str:
+                  plot_command: str, reading: str | None = None) -> str:
+    """The README; ``reading`` (the out dir's hand-written ``reading.md``) goes last, as it is."""
     envs = [s.get("env") or {} for s in merged["sources"]]
     dates = [s.get("date") for s in merged["sources"]]
     cfgs = [s.get("config") or {} for s in merged["sources"]]
     tsec, met, known = targets_section(targets)
     cfg_line = _uniq([f"max_new_tokens {c.get('max_new_tokens')}, prompt {c.get('prompt_len')} tokens, "
-                      f"{c.get('trials')} trials per Engine" for c in cfgs])
+                      f"{c.get('trials')} trials per Engine"
+                      + (", scheduler pinned to its own core" if c.get("pin_cpus") else "") for c in cfgs])
     skipped = [m for s in merged.get("skipped_all", []) for m in s]
     parts = [
         "# Decode benchmark: stock SGLang vs. sglang_futuremap_patch",
@@ -188,6 +226,13 @@ def render_readme(merged: dict[str, Any], targets: Sequence[dict[str, Any]], plo
     sites = top_sites_section(merged)
     if sites:
         parts += ["## Where the scheduler blocks (probed pass, per decode iteration)", "", sites, ""]
+    gpu = gpu_section(merged)
+    if gpu:
+        parts += ["## GPU time per decode iteration (profiled runs; stock / patched)", "", gpu, ""]
+    host = host_section(merged)
+    if host:
+        parts += ["## Host time per decode iteration (cProfile pass, slower than the timed runs; stock / patched)",
+                  "", host, ""]
     invalid = [(case_label(c), r) for c in merged["cases"] for r in c["runs"] if not r.get("valid")]
     if invalid or skipped:
         parts += ["## Runs left out", ""]
@@ -196,6 +241,8 @@ def render_readme(merged: dict[str, Any], targets: Sequence[dict[str, Any]], plo
         parts += [f"- {m}" for m in skipped]
         parts += [""]
     parts += ["## Commands", "", sources_section(merged), f"- `{plot_command}`", ""]
+    if reading:
+        parts += [reading.rstrip(), ""]
     return "\n".join(parts)
 
 
@@ -257,7 +304,10 @@ def build(paths: Sequence[Path], out_dir: Path, *, merged_path: Path | None = No
     out_dir.mkdir(parents=True, exist_ok=True)
     png = out_dir / "bench.png"
     have_plot = plot(merged, png) if do_plot else png.exists()
-    (out_dir / "README.md").write_text(render_readme(merged, targets, png.name if have_plot else None, command))
+    notes = out_dir / READING
+    reading = notes.read_text() if notes.exists() else None
+    (out_dir / "README.md").write_text(render_readme(merged, targets, png.name if have_plot else None, command,
+                                                     reading))
     if merged_path is not None:
         import json
 

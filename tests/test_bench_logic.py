@@ -228,9 +228,15 @@ def test_merge_docs_and_readme(tmp_path):
                                                     "calls_per_iter": 2.0, "ms_per_iter": 1.5}]}}},
                      "patched": {"by_bs": {"1": {"blocked_ms_per_iter": 0.5, "verify_done_ms_per_iter": 0.0,
                                                  "syncs_per_iter": 1.0, "top_sites": []}}}},
-              profile={"stock": [{"bs": 1, "idle_fraction": 0.4}], "patched": [{"bs": 1, "idle_fraction": 0.1}]}),
+              profile={"stock": [{"bs": 1, "idle_fraction": 0.4, "busy_us_per_iter": 600.0}],
+                       "patched": [{"bs": 1, "idle_fraction": 0.1, "busy_us_per_iter": 590.0}]}),
         _case(model="8b", runs=[_run("stock", 0, {1: [50]}), _run("patched", 0, {1: [60]})]),
     ], skipped=["skipped probe rep 0 of 8b/triton-nopcg: 10 s left"])
+    host = {v: {"by_bs": {"1": {"decode_iterations": 100, "wall_us_per_iter": w, "gc_us_per_iter": 1.0,
+                                "loop_us_per_iter": {"run_batch": w - 500},
+                                "functions": {"x.py:1(f)": {"calls": 1.0, "tottime_us": f, "cumtime_us": f}}}}}
+            for v, w, f in (("stock", 3000.0, 40.0), ("patched", 2900.0, 75.0))}
+    b["cases"][0]["host"] = host
     pa, pb = tmp_path / "a.json", tmp_path / "b.json"
     pa.write_text(json.dumps(a))
     pb.write_text(json.dumps(b))
@@ -245,9 +251,15 @@ def test_merge_docs_and_readme(tmp_path):
     assert row["idle_fraction"] == {"stock": 0.4, "patched": 0.1}
 
     out = tmp_path / "out"
+    out.mkdir()
+    (out / plot_bench.READING).write_text("## Reading\n\nHand-written words.\n")
     merged2, targets = plot_bench.build([pa, pb], out, merged_path=out / "merged.json", command="plot cmd",
                                         do_plot=False)
     text = (out / "README.md").read_text()
+    assert text.rstrip().endswith("## Reading\n\nHand-written words.")
+    assert "- tiny triton-nopcg, bs 1: GPU busy 600 / 590 us per decode iteration, idle 40.0% / 10.0%" in text
+    assert ("- tiny triton-nopcg, bs 1: 3000 / 2900 us per decode iteration (100 / 100 iterations, GC 1.0 / 1.0 us); "
+            "largest differences in own time (us/iter): `x.py:1(f)` +35") in text
     assert "| tiny triton-nopcg | 1 | 2/2 | 95.0 [90.0-100.0] | 109.5 [99.0-120.0] | 1.153 (1.100-1.200) |" in text
     assert "2.000 / 0.500 (-75.0%)" in text and "40.0% / 10.0%" in text
     assert "NVIDIA H200" in text and "0.5.12.post1" in text and "bench_spec_v2.py --x" in text

@@ -53,7 +53,7 @@ def short_path(filename: str) -> str:
         i = filename.rfind(marker)
         if i >= 0:
             return filename[i + len(marker):]
-    for pkg in ("/sglang_futuremap_patch/", "/sglang/", "/torch/"):
+    for pkg in ("/sglang_futuremap_patch/", "/sglang/", "/torch/", "/scripts/"):
         i = filename.rfind(pkg)
         if i >= 0:
             return filename[i + 1:]
