@@ -24,6 +24,10 @@
 #   --model tiny --backend triton-nopcg --reps 3 --profile            8 Engines  ~7 min
 #   --model 8b   --backend triton-nopcg --reps 2 --profile            6 Engines  ~8 min
 #   --model 8b   --backend triton-nopcg --reps 2 --no-probe           4 Engines  ~6 min (more reps)
+#   --model tiny --backend triton-nopcg --reps 3 --pin-cpus --no-probe --max-new-tokens 1024
+#                                                                      6 Engines  ~6-7 min (the tiny record)
+#   --model tiny --backend triton-nopcg --reps 1 --pin-cpus --host-profile --max-new-tokens 1024
+#                                                                      6 Engines  ~6 min (where host time goes)
 #   --model tiny --backend triton-pcg   --reps 1 --profile            4 Engines  ~8-9 min
 #   --model tiny --backend triton-pcg   --reps 2 --no-probe           4 Engines  ~8-9 min
 #   --model 8b   --backend triton-pcg   --reps 1 --no-probe           2 Engines  ~6-8 min
