@@ -993,13 +993,7 @@ def _start_sync_flusher(stats: _SyncStats, out_dir: str, wrapped: list[str]) -> 
             return
         version = stats.version
         snap = stats.snapshot()
-        title = None
-        mod = sys.modules.get("setproctitle")
-        if mod is not None:
-            try:
-                title = mod.getproctitle()
-            except Exception:
-                title = None
+        title = host_profile_module().proctitle()
         doc = {"pid": os.getpid(), "proctitle": title, "wrapped": wrapped, "time": time.time(), **snap}
         path = os.path.join(out_dir, f"sync-{os.getpid()}.json")
         try:

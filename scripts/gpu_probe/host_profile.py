@@ -102,6 +102,15 @@ def diff_rows(stock: dict[str, dict[str, float]], patched: dict[str, dict[str, f
     return out[:top]
 
 
+def proctitle() -> str | None:
+    """The process title SGLang set (``sglang::scheduler...``), if ``setproctitle`` is loaded."""
+    getter = getattr(sys.modules.get("setproctitle"), "getproctitle", None)
+    try:
+        return getter() if getter is not None else None
+    except Exception:
+        return None
+
+
 def decode_iterations(iterations: dict[str, int], modes: Sequence[str] = ("DECODE", "TARGET_VERIFY")) -> int:
     return sum(int(iterations.get(m, 0)) for m in modes)
 
@@ -259,14 +268,7 @@ class HostProfiler:
             seen: dict[str, dict[str, Any]] = {r["func"]: r for r in by_tt + by_ct}
             phases[phase] = dict(rec, loop_cumtime_s=loop, functions=list(seen.values()),
                                  functions_total=len(rows))
-        title = None
-        mod = sys.modules.get("setproctitle")
-        if mod is not None:
-            try:
-                title = mod.getproctitle()
-            except Exception:
-                title = None
-        return {"kind": "host-profile", "pid": os.getpid(), "proctitle": title, "python": sys.version.split()[0],
+        return {"kind": "host-profile", "pid": os.getpid(), "proctitle": proctitle(), "python": sys.version.split()[0],
                 "installed": self.installed, "phases": phases, "errors": list(self.errors), "time": time.time()}
 
     def flush(self) -> None:

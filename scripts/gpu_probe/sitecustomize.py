@@ -51,25 +51,18 @@ def _install() -> None:
     counts: dict = {}  # code object -> calls
     hooks: dict = {}  # co_name -> [fn(frame)]: called with the frame of every call of such a function
 
-    if os.environ.get("SMOKE_SYNC_PROBE") == "1":
+    # Optional probes of this folder, each switched on by its variable; they hook calls by name.
+    for env_name, module_name in (("SMOKE_SYNC_PROBE", "smoke_sync_probe"), ("SMOKE_HOST_PROFILE", "host_profile")):
+        if os.environ.get(env_name) != "1":
+            continue
         import importlib.util
 
         here = os.path.dirname(os.path.abspath(__file__))
-        spec = importlib.util.spec_from_file_location("smoke_sync_probe", os.path.join(here, "smoke_sync_probe.py"))
-        sync_probe = importlib.util.module_from_spec(spec)
-        sys.modules["smoke_sync_probe"] = sync_probe
-        spec.loader.exec_module(sync_probe)
-        sync_probe.install_from_env(lambda name, fn: hooks.setdefault(name, []).append(fn))
-
-    if os.environ.get("SMOKE_HOST_PROFILE") == "1":
-        import importlib.util
-
-        here = os.path.dirname(os.path.abspath(__file__))
-        spec = importlib.util.spec_from_file_location("host_profile", os.path.join(here, "host_profile.py"))
-        host_profile = importlib.util.module_from_spec(spec)
-        sys.modules["host_profile"] = host_profile
-        spec.loader.exec_module(host_profile)
-        host_profile.install_from_env(lambda name, fn: hooks.setdefault(name, []).append(fn))
+        spec = importlib.util.spec_from_file_location(module_name, os.path.join(here, module_name + ".py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+        module.install_from_env(lambda name, fn: hooks.setdefault(name, []).append(fn))
 
     def _run_hooks(name, frame) -> None:
         for fn in hooks.get(name, ()):
