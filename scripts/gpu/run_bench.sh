@@ -63,9 +63,10 @@ tag_of() {
         case "$a" in --model=*|--models=*) model="${a#*=}" ;; --backend=*|--backends=*) backend="${a#*=}" ;; esac
         prev="$a"
     done
-    printf '%s-%s' "${model:-tiny}" "${backend:-triton-nopcg}" | tr ',/ ' '+__' | tr -cd 'A-Za-z0-9+_.-'
+    printf '%s-%s' "${model:-tiny}" "${backend:-triton-nopcg}"
 }
-TAG="${BENCH_TAG:-$(tag_of "$@")}"
+# Only [A-Za-z0-9_.-] in file names: the device tool does not bring back a name with "+" in it.
+TAG="$(printf '%s' "${BENCH_TAG:-$(tag_of "$@")}" | tr -c 'A-Za-z0-9_.-' '_')"
 SETUP="$OUT/setup.log"
 : > "$SETUP"
 
