@@ -472,9 +472,10 @@ def union_length(intervals: Iterable[tuple[float, float]], lo: float | None = No
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def gpu_intervals(trace: dict[str, Any] | list[Any], cats: Sequence[str] = GPU_CATS) -> list[tuple[float, float]]:
+def gpu_events(trace: dict[str, Any] | list[Any],
+               cats: Sequence[str] = GPU_CATS) -> Iterable[tuple[dict[str, Any], float, float]]:
+    """``(event, start_us, duration_us)`` of the complete events of a trace in ``cats``."""
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    out = []
     wanted = {c.lower() for c in cats}
     for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -485,8 +486,11 @@ def gpu_intervals(trace: dict[str, Any] | list[Any], cats: Sequence[str] = GPU_C
             ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
             continue
-        out.append((ts, ts + max(dur, 0.0)))
-    return out
+        yield ev, ts, max(dur, 0.0)
+
+
+def gpu_intervals(trace: dict[str, Any] | list[Any], cats: Sequence[str] = GPU_CATS) -> list[tuple[float, float]]:
+    return [(ts, ts + dur) for _ev, ts, dur in gpu_events(trace, cats)]
 
 
 def idle_fraction(intervals: Sequence[tuple[float, float]], trim_head: float = 0.15,
@@ -523,21 +527,13 @@ def kernel_name(name: str, width: int = 90) -> str:
 def kernel_table(trace: dict[str, Any] | list[Any], lo: float, hi: float, top: int = 15,
                  cats: Sequence[str] = GPU_CATS) -> list[dict[str, Any]]:
     """GPU events that start in [lo, hi), by name: count and total duration, largest first."""
-    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    wanted = {c.lower() for c in cats}
     agg: dict[str, list[float]] = {}
-    for ev in events:
-        if not isinstance(ev, dict) or ev.get("ph") != "X" or str(ev.get("cat", "")).lower() not in wanted:
-            continue
-        try:
-            ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
-        except (KeyError, TypeError, ValueError):
-            continue
+    for ev, ts, dur in gpu_events(trace, cats):
         if not lo <= ts < hi:
             continue
         e = agg.setdefault(kernel_name(str(ev.get("name", "?"))), [0, 0.0])
         e[0] += 1
-        e[1] += max(dur, 0.0)
+        e[1] += dur
     rows = [{"name": k, "count": int(v[0]), "total_us": v[1]} for k, v in agg.items()]
     rows.sort(key=lambda r: r["total_us"], reverse=True)
     return rows[:top]
@@ -820,18 +816,6 @@ class _SyncStats:
 _SYNC: dict[str, Any] = {"stats": None, "installed": False, "torch_wrapped": False}
 
 
-def _short_path(filename: str) -> str:
-    for marker in ("site-packages/", "site312/", "dist-packages/"):
-        i = filename.rfind(marker)
-        if i >= 0:
-            return filename[i + len(marker):]
-    for pkg in ("/sglang_futuremap_patch/", "/sglang/"):
-        i = filename.rfind(pkg)
-        if i >= 0:
-            return filename[i + 1:]
-    return filename
-
-
 def _call_site(depth: int = 2) -> str:
     f = sys._getframe(depth)  # noqa: SLF001
     while f is not None and ("/torch/" in f.f_code.co_filename or f.f_code.co_filename == __file__):
@@ -839,7 +823,7 @@ def _call_site(depth: int = 2) -> str:
     if f is None:
         return "?"
     t = threading.current_thread().name
-    where = f"{_short_path(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
+    where = f"{host_profile_module().short_path(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
     return where if t == "MainThread" else f"{where} [thread {t}]"
 
 

@@ -127,6 +127,7 @@ class HostProfiler:
         self.active: str | None = None  # the phase being profiled now (scheduler thread)
         self.profiles: dict[str, Any] = {}
         self.phases: dict[str, dict[str, Any]] = {}
+        self.rows: dict[str, list[dict[str, Any]]] = {}  # per phase, as of its last stop
         self.t_start = 0.0
         self.gc_t0: float | None = None
         self.prev_profile: Any = None
@@ -212,6 +213,12 @@ class HostProfiler:
         self.phases[phase]["wall_s"] += time.perf_counter() - self.t_start
         if self.prev_profile is not None and sys.getprofile() is None:
             sys.setprofile(self.prev_profile)
+        import pstats
+
+        try:
+            self.rows[phase] = profile_rows(pstats.Stats(self.profiles[phase]).stats)  # type: ignore[attr-defined]
+        except (TypeError, ValueError) as exc:  # nothing recorded
+            self.errors.append(f"stats {phase}: {exc!r}")
         self.flush()
 
     def _on_gc(self, event: str, info: dict[str, Any]) -> None:
@@ -247,17 +254,9 @@ class HostProfiler:
     # -- output ----------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        import pstats
-
         phases = {}
         for phase, rec in self.phases.items():
-            prof = self.profiles.get(phase)
-            rows: list[dict[str, Any]] = []
-            if prof is not None and phase != self.active:
-                try:
-                    rows = profile_rows(pstats.Stats(prof).stats)  # type: ignore[attr-defined]
-                except (TypeError, ValueError) as exc:  # nothing recorded yet
-                    self.errors.append(f"stats {phase}: {exc!r}")
+            rows = self.rows.get(phase, [])
             loop = {}
             for r in rows:
                 if r["name"] in LOOP_FUNCS and r["func"].startswith("sglang"):
