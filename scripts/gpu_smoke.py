@@ -2,9 +2,10 @@
 """GPU smoke test: stock SGLang vs. sglang_futuremap_patch, token for token.
 
 Runs one fixed greedy workload on ``sglang.Engine`` (STANDALONE speculative decoding,
-spec v2; Triton attention unless ``--attention-backend flashinfer``; piecewise CUDA graph off
-unless ``--piecewise-cuda-graph``) twice, each in a fresh Python subprocess so no plugin state
-leaks between them:
+spec v2; Triton attention unless ``--attention-backend flashinfer|fa3|default``; piecewise CUDA
+graph off unless ``--piecewise-cuda-graph`` or backend ``default``, which is SGLang's own
+configuration: no backend given, FA3 + piecewise CUDA graph on H100/H200) twice, each in a fresh
+Python subprocess with ports of its own, so no plugin state leaks between them:
 
 * ``stock``   -- ``SGLANG_FUTUREMAP_PATCH=off`` (plugin installed but disabled);
 * ``patched`` -- ``SGLANG_FUTUREMAP_PATCH=strict`` (plugin on, raise on any problem).
@@ -24,6 +25,11 @@ Exit code 0 only when all of these hold:
 7. with ``--sync-probe``: the host-sync probe (``scripts/gpu_probe/smoke_sync_probe.py``) saw
    decode iterations in both scheduler processes; with ``--expect-zero-seq-lens-syncs`` also:
    the patched run has 0 seq_lens syncs per decode iteration.
+
+Exit status: 0 passed, 1 failed, 2 harness error (an Engine did not start or did not finish:
+``SMOKE ERROR`` with the end of its log, no comparison made). A configuration that needs FA3
+(``fa3``, ``default``) where ``sgl_kernel.flash_ops`` does not import is ``SMOKE SKIPPED (no
+FA3)``, exit status 0. The JSON records ``status`` and ``fa3``.
 
 ``--sync-probe`` counts, per decode iteration of the scheduler thread, the host syncs
 (``Tensor.item/.tolist/.cpu/.numpy/__int__/__float__/__bool__``, ``.to(cpu)`` on CUDA tensors,
@@ -49,7 +55,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,13 +63,15 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 HERE = Path(__file__).resolve().parent
-PROBE_DIR = HERE / "gpu_probe"
-PLUGIN = "sglang_futuremap_patch"
-PROBE_FUNC = "maybe_wait_verify_done"
-ENV_MODE = "SGLANG_FUTUREMAP_PATCH"
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import gpu_engine as ge  # noqa: E402  (ports, environment, launch, models, FA3: shared by every harness)
+from gpu_engine import (  # noqa: E402,F401  (re-exported: the self-test and older callers use them here)
+    ENV_MODE, LOG_FORMAT, PLUGIN, PROBE_DIR, PROBE_FUNC, SCHEDULER_TITLE, logging_config, run_worker, subprocess_env,
+)
+
 RUNS: tuple[tuple[str, str], ...] = (("stock", "off"), ("patched", "strict"))
-LOG_FORMAT = "[%(asctime)s %(levelname)s pid=%(process)d] %(message)s"
-SCHEDULER_TITLE = "sglang::scheduler"
 
 # ----------------------------------------------------------------------------- workload
 
@@ -522,27 +529,19 @@ def format_report(checks: Sequence[Check], results: Sequence[PromptResult], runs
 def engine_kwargs(target: str, draft: str, *, cuda_graph: bool, mem_fraction: float, seed: int,
                   cuda_graph_max_bs: int = 32, attention_backend: str = "triton",
                   piecewise_cuda_graph: bool = False) -> dict[str, Any]:
-    """``sglang.Engine`` keyword arguments: STANDALONE spec v2, greedy-friendly."""
-    kw: dict[str, Any] = {
-        "model_path": target,
-        "speculative_draft_model_path": draft,
-        "speculative_algorithm": "STANDALONE",
-        "speculative_num_steps": 3,
-        "speculative_eagle_topk": 1,
-        "speculative_num_draft_tokens": 4,
-        "attention_backend": attention_backend,
-        "sampling_backend": "pytorch",
-        "grammar_backend": "none",
-        "skip_tokenizer_init": True,
-        "disable_piecewise_cuda_graph": not piecewise_cuda_graph,
-        "disable_cuda_graph": not cuda_graph,
-        "mem_fraction_static": mem_fraction,
-        "log_level": "info",
-        "random_seed": seed,
-    }
-    if cuda_graph:
-        kw["cuda_graph_max_bs"] = cuda_graph_max_bs
-    return kw
+    """``sglang.Engine`` keyword arguments: STANDALONE spec v2, greedy-friendly. Backend
+    ``default``: no attention backend and, with ``piecewise_cuda_graph``, nothing said about
+    piecewise CUDA graph either (SGLang's default: on), i.e. what SGLang picks by itself."""
+    pcg: bool | None = piecewise_cuda_graph
+    if attention_backend == "default" and piecewise_cuda_graph:
+        pcg = None
+    return ge.spec_engine_kwargs(target, draft, algorithm="STANDALONE", backend=attention_backend,
+                                 cuda_graph=cuda_graph, pcg=pcg, mem_fraction=mem_fraction, seed=seed,
+                                 cuda_graph_max_bs=cuda_graph_max_bs, pcg_max_tokens=PCG_MAX_TOKENS)
+
+
+#: Piecewise CUDA graph capture limit (tokens): small, for a short Engine start.
+PCG_MAX_TOKENS = 512
 
 
 def worker_main(spec_path: Path) -> int:
@@ -557,6 +556,8 @@ def worker_main(spec_path: Path) -> int:
     t0 = time.perf_counter()
     engine = sglang.Engine(**spec["engine_kwargs"])
     startup = time.perf_counter() - t0
+    effective = ge.effective_config(engine)
+    print("effective: " + json.dumps(effective), flush=True)
     try:
         def params(n: int) -> dict[str, Any]:
             return {"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True}
@@ -580,6 +581,7 @@ def worker_main(spec_path: Path) -> int:
             "mode": os.environ.get(ENV_MODE),
             "sglang_version": getattr(sglang, "__version__", None),
             "startup_s": startup,
+            "effective": effective,
             "elapsed_s": elapsed,
             "output_tokens": n_tok,
             "tokens_per_s": n_tok / elapsed if elapsed > 0 else 0.0,
@@ -599,78 +601,19 @@ def worker_main(spec_path: Path) -> int:
 # ----------------------------------------------------------------------------- orchestration (parent side)
 
 
-def logging_config() -> dict[str, Any]:
-    """``SGLANG_LOGGING_CONFIG_PATH`` content: SGLang's own lines with level and pid."""
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"smoke": {"format": LOG_FORMAT, "datefmt": "%Y-%m-%d %H:%M:%S"}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "smoke", "stream": "ext://sys.stderr"}},
-        "root": {"level": "INFO", "handlers": ["stderr"]},
-        "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
-    }
-
-
-def subprocess_env(mode: str, probe_dir: Path, log_config: Path | None, *, sync_probe: bool = False,
-                   seq_lens_sites: Sequence[str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    for k in ("SMOKE_SYNC_PROBE", "SMOKE_SYNC_SEQ_LENS_SITES"):  # only --sync-probe turns it on
-        env.pop(k, None)
-    if sync_probe:
-        env["SMOKE_SYNC_PROBE"] = "1"
-        if seq_lens_sites:
-            env["SMOKE_SYNC_SEQ_LENS_SITES"] = ",".join(seq_lens_sites)
-    env[ENV_MODE] = mode
-    env["PYTHONPATH"] = os.pathsep.join([str(PROBE_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env["SMOKE_PROBE_DIR"] = str(probe_dir)
-    env["SMOKE_PROBE_FUNCS"] = PROBE_FUNC
-    env["SMOKE_PROBE_FLUSH_S"] = "0.5"
-    env["SGLANG_ENABLE_SPEC_V2"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    if log_config is not None:
-        env["SGLANG_LOGGING_CONFIG_PATH"] = str(log_config)
-    return env
-
-
-def run_worker(script: Path, spec: dict[str, Any], work: Path, name: str, log_path: Path, env: dict[str, str],
-               timeout: float) -> tuple[int, float, dict[str, Any] | None, str]:
-    """Run ``script --worker SPEC`` in its own session with ``spec`` (plus ``result_path``);
-    kill it and any SGLang child it left after ``timeout``. Returns the return code (-9 when
-    killed), the wall time, the worker's result JSON (None if it wrote none) and its log."""
-    import signal
-
-    spec = dict(spec, result_path=str(work / f"result-{name}.json"))
-    spec_path = work / f"spec-{name}.json"
-    spec_path.write_text(json.dumps(spec))
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(script), "--worker", str(spec_path)], stdout=log,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = -9
-            log.write(f"\n[{script.stem}] {name} run killed after {timeout:.0f} s\n")
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: it and its children only
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-    wall = time.perf_counter() - t0
-    result_path = Path(spec["result_path"])
-    result = json.loads(result_path.read_text()) if result_path.exists() else None
-    return rc, wall, result, log_path.read_text(errors="replace")
-
-
 def run_one(name: str, mode: str, spec: dict[str, Any], work: Path, log_dir: Path, timeout: float,
-            log_config: Path | None, *, sync_probe: bool = False,
-            seq_lens_sites: Sequence[str] | None = None) -> dict[str, Any]:
+            log_config: Path | None, *, sync_probe: bool = False, seq_lens_sites: Sequence[str] | None = None,
+            ports: ge.PortBlock | None = None) -> dict[str, Any]:
+    """One Engine run (``ports``: its own port block, in its kwargs and environment)."""
     probe_dir = work / f"probe-{name}"
     probe_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
+    if ports is not None:
+        spec = dict(spec, engine_kwargs=ge.with_ports(spec["engine_kwargs"], ports))
     print(f"== {name}: {ENV_MODE}={mode}, log {log_path}", flush=True)
-    env = subprocess_env(mode, probe_dir, log_config, sync_probe=sync_probe, seq_lens_sites=seq_lens_sites)
-    rc, wall, result, text = run_worker(Path(__file__).resolve(), spec, work, name, log_path, env, timeout)
+    env = subprocess_env(mode, probe_dir, log_config, sync_probe=sync_probe, seq_lens_sites=seq_lens_sites,
+                         ports=ports)
+    rc, wall, result, text = ge.run_worker(Path(__file__).resolve(), spec, work, name, log_path, env, timeout)
     print(f"   {name}: returncode {rc}, {wall:.1f} s", flush=True)
     return {
         "mode": mode,
@@ -681,6 +624,12 @@ def run_one(name: str, mode: str, spec: dict[str, Any], work: Path, log_dir: Pat
         "probe": summarize_probe(read_probe_dir(probe_dir)),
         "sync": summarize_sync(read_sync_dir(probe_dir)) if sync_probe else None,
         "log_path": str(log_path),
+        "ports": ports.as_dict() if ports is not None else None,
+        "error": ge.engine_error(rc, result, text),
+        "log_tail": ge.log_tail(text),
+        "config_label": ge.config_label((result or {}).get("effective"),
+                                        requested_backend=spec["engine_kwargs"].get("attention_backend", "default"),
+                                        log_text=text),
     }
 
 
@@ -689,6 +638,7 @@ def run_config(args: argparse.Namespace, seq_lens_sites: Sequence[str] | None) -
     return {
         "attention_backend": args.attention_backend,
         "piecewise_cuda_graph": args.piecewise_cuda_graph,
+        "fa3_needed": ge.needs_fa3(args.attention_backend),
         "cuda_graph": args.cuda_graph,
         "sync_probe": args.sync_probe,
         "expect_zero_seq_lens_syncs": args.expect_zero_seq_lens_syncs,
@@ -710,11 +660,8 @@ def resolve_models(args: argparse.Namespace, work: Path) -> tuple[str, str]:
         return str(args.target), str(args.draft)
     if args.models:
         return str(args.models / "target"), str(args.models / "draft")
-    sys.path.insert(0, str(HERE))
-    from make_tiny_models import make_models
-
-    tdir, ddir = make_models(work / "models")
-    return str(tdir), str(ddir)
+    dirs = ge.build_tiny_models(work / "models")
+    return str(dirs["target"]), str(dirs["draft"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -730,11 +677,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-json", type=Path, help="write the full result here")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="capture (non-piecewise) CUDA graphs (default: on)")
-    p.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"],
-                   help="attention backend (default triton)")
+    p.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer", "fa3", "default"],
+                   help="attention backend (default triton); default: none given, SGLang picks (FA3 on "
+                        "H100/H200), with piecewise CUDA graph at SGLang's default (on) unless "
+                        "--no-piecewise-cuda-graph; fa3 and default are skipped without FA3")
     p.add_argument("--piecewise-cuda-graph", action=argparse.BooleanOptionalAction, default=False,
-                   help="piecewise CUDA graph (default: off, i.e. disable_piecewise_cuda_graph=True; "
-                        "on costs ~2 min of Engine start)")
+                   help="piecewise CUDA graph (default: off, i.e. disable_piecewise_cuda_graph=True, except "
+                        "with --attention-backend default; on costs ~1-2 min of Engine start; capture limit "
+                        f"{PCG_MAX_TOKENS} tokens)")
     p.add_argument("--mem-fraction", type=float, default=0.3, help="mem_fraction_static (default 0.3)")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=None,
@@ -763,18 +713,78 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def run_doc(status: str, config: dict[str, Any], environment: dict[str, Any], kw: dict[str, Any], *,
+            checks: Sequence[Check] = (), results: Sequence[PromptResult] = (),
+            runs: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The JSON record of a smoke run (``status``: passed, failed, error or skipped)."""
+    return {
+        "passed": status == "passed",
+        "status": status,
+        **environment,
+        "config": config,
+        "checks": [asdict(c) for c in checks],
+        "prompts": [asdict(r) for r in results],
+        "engine_kwargs": kw,
+        "runs": {
+            name: {
+                "mode": run["mode"],
+                "returncode": run["returncode"],
+                "wall_s": run["wall_s"],
+                "log_path": run["log_path"],
+                "ports": run.get("ports"),
+                "error": run.get("error"),
+                "log_tail": run.get("log_tail") if run.get("error") else None,
+                "config_label": run.get("config_label"),
+                "log": asdict(run["log"]),
+                "probe": asdict(run["probe"]),
+                "sync": run.get("sync"),
+                "result": {k: v for k, v in (run["result"] or {}).items() if k != "outputs"} or None,
+                "outputs": (run["result"] or {}).get("outputs"),
+            }
+            for name, run in (runs or {}).items()
+        },
+    }
+
+
+def format_error_report(runs: dict[str, dict[str, Any]]) -> str:
+    """An Engine did not start or did not finish: a harness error, not a comparison."""
+    lines = ["harness error: an Engine did not run to the end (no token comparison made):"]
+    for name, run in runs.items():
+        if run.get("error"):
+            lines.append(f"  {name}: {run['error']} ({run['wall_s']:.0f} s, log {run['log_path']}); last lines:")
+            lines.extend("    | " + ln for ln in (run.get("log_tail") or "").splitlines())
+        else:
+            lines.append(f"  {name}: ran to the end")
+    lines.append("SMOKE ERROR")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    raw = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.worker is not None:
         return worker_main(args.worker)
     if args.expect_zero_seq_lens_syncs and not args.sync_probe:
         parser.error("--expect-zero-seq-lens-syncs needs --sync-probe")
+    if args.attention_backend == "default" and "--no-piecewise-cuda-graph" not in raw:
+        args.piecewise_cuda_graph = True  # SGLang's default configuration: its PCG default too
     seq_lens_sites = [x.strip() for x in args.seq_lens_sites.split(",") if x.strip()] if args.seq_lens_sites else None
 
     work = Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
     args.log_dir.mkdir(parents=True, exist_ok=True)
     try:
+        fa3 = ge.fa3_available()
+        environment = {"fa3": fa3, "gpu": ge.gpu_name()}
+        print(ge.fa3_line(fa3), flush=True)
+        config = run_config(args, seq_lens_sites)
+        print("config: " + json.dumps(config), flush=True)
+        if config["fa3_needed"] and not fa3:
+            print(f"SMOKE SKIPPED ({ge.NO_FA3}): attention backend {args.attention_backend} needs FA3", flush=True)
+            if args.out_json:
+                args.out_json.parent.mkdir(parents=True, exist_ok=True)
+                args.out_json.write_text(json.dumps(run_doc("skipped", config, environment, {}), indent=1))
+            return 0
         target, draft = resolve_models(args, work)
         vocab = json.loads((Path(target) / "config.json").read_text()).get("vocab_size", 4096)
         prompts = make_workload(args.num_prompts, vocab, args.seed, args.max_new_tokens)
@@ -783,50 +793,37 @@ def main(argv: list[str] | None = None) -> int:
         settle = float(os.environ.get("SMOKE_PROBE_SETTLE_S", "2.0"))  # the self-test shortens it
         spec = {"prompts": [asdict(p) for p in prompts], "engine_kwargs": kw, "probe_settle_s": settle,
                 "batch_concurrency": args.batch_concurrency}
-        config = run_config(args, seq_lens_sites)
-        print("config: " + json.dumps(config), flush=True)
         log_config: Path | None = None
         if not args.no_log_config:
-            log_config = work / "logging.json"
-            log_config.write_text(json.dumps(logging_config()))
+            log_config = ge.write_logging_config(work / "logging.json")
 
+        ports = ge.PortAllocator()
         runs: dict[str, dict[str, Any]] = {}
         for name, mode in RUNS:
             mode = args.patched_mode if name == "patched" else mode
             runs[name] = run_one(name, mode, spec, work, args.log_dir, args.timeout, log_config,
-                                 sync_probe=args.sync_probe, seq_lens_sites=seq_lens_sites)
+                                 sync_probe=args.sync_probe, seq_lens_sites=seq_lens_sites,
+                                 ports=ports.allocate(name))
+        for name, run in runs.items():
+            print(f"{name}: {run['config_label']}", flush=True)
 
-        checks, results = evaluate(prompts, runs["stock"], runs["patched"], max_cyclic_fraction=args.max_cyclic_fraction,
-                                   sync_probe=args.sync_probe,
-                                   expect_zero_seq_lens_syncs=args.expect_zero_seq_lens_syncs)
-        print(format_report(checks, results, runs), flush=True)
-        ok = all(c.ok for c in checks)
+        checks: list[Check] = []
+        results: list[PromptResult] = []
+        if any(run["error"] for run in runs.values()):
+            status = "error"
+            print(format_error_report(runs), flush=True)
+        else:
+            checks, results = evaluate(prompts, runs["stock"], runs["patched"],
+                                       max_cyclic_fraction=args.max_cyclic_fraction, sync_probe=args.sync_probe,
+                                       expect_zero_seq_lens_syncs=args.expect_zero_seq_lens_syncs)
+            print(format_report(checks, results, runs), flush=True)
+            status = "passed" if all(c.ok for c in checks) else "failed"
         if args.out_json:
             args.out_json.parent.mkdir(parents=True, exist_ok=True)
-            doc = {
-                "passed": ok,
-                "config": config,
-                "checks": [asdict(c) for c in checks],
-                "prompts": [asdict(r) for r in results],
-                "engine_kwargs": kw,
-                "runs": {
-                    name: {
-                        "mode": run["mode"],
-                        "returncode": run["returncode"],
-                        "wall_s": run["wall_s"],
-                        "log_path": run["log_path"],
-                        "log": asdict(run["log"]),
-                        "probe": asdict(run["probe"]),
-                        "sync": run.get("sync"),
-                        "result": {k: v for k, v in (run["result"] or {}).items() if k != "outputs"} or None,
-                        "outputs": (run["result"] or {}).get("outputs"),
-                    }
-                    for name, run in runs.items()
-                },
-            }
+            doc = run_doc(status, config, environment, kw, checks=checks, results=results, runs=runs)
             args.out_json.write_text(json.dumps(doc, indent=1))
             print(f"wrote {args.out_json}")
-        return 0 if ok else 1
+        return {"passed": 0, "failed": 1}.get(status, 2)
     finally:
         if args.keep_work:
             print(f"work directory kept: {work}")

@@ -118,6 +118,9 @@ class Probe:
         self.version = 0
         self.written = -1
         self.originals: list[tuple[Any, str, Any]] = []
+        # Piecewise CUDA graph (SGLang's default) runs torch.compile: code Dynamo traces must
+        # reach the original tensor methods, never a wrapper's host-side bookkeeping.
+        self.compiling = lambda: False
 
     # -- hooks (called by sitecustomize's dispatcher with the started frame) ---------------
 
@@ -211,10 +214,11 @@ class Probe:
         get_ident = threading.get_ident
         perf = time.perf_counter
         all_devices = self.all_devices
+        compiling = self.compiling
 
         if kind == "tensor":
             def wrapper(*args, **kwargs):
-                if get_ident() != probe.tid or probe.busy:
+                if compiling() or get_ident() != probe.tid or probe.busy:
                     return orig(*args, **kwargs)
                 t = args[0]
                 if not (all_devices or t.is_cuda):
@@ -229,7 +233,7 @@ class Probe:
                     probe.busy = False
         elif kind == "to":
             def wrapper(*args, **kwargs):
-                if get_ident() != probe.tid or probe.busy:
+                if compiling() or get_ident() != probe.tid or probe.busy:
                     return orig(*args, **kwargs)
                 verdict = to_verdict(args, kwargs, all_devices)
                 if verdict is None:
@@ -247,7 +251,7 @@ class Probe:
                     probe.busy = False
         else:  # "sync": Event/Stream/device synchronize
             def wrapper(*args, **kwargs):
-                if get_ident() != probe.tid or probe.busy:
+                if compiling() or get_ident() != probe.tid or probe.busy:
                     return orig(*args, **kwargs)
                 probe.busy = True
                 try:
@@ -279,6 +283,7 @@ class Probe:
             self.errors.append(f"torch not importable: {exc!r}")
             torch = None
         if torch is not None:
+            self.compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or self.compiling
             for op in TENSOR_OPS:
                 self._wrap(torch.Tensor, op, f"Tensor.{op}", "tensor")
             self._wrap(torch.Tensor, "to", "Tensor.to(cpu)", "to")
