@@ -27,17 +27,39 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
   fewer;
 * ``http``: ``python -m sglang.launch_server`` instead of ``sglang.Engine``, driven over HTTP:
   OpenAI ``/v1/completions`` (plain, streamed, with ``stop`` strings) and the native
-  ``/generate`` with token ids and logprobs.
+  ``/generate`` with token ids and logprobs;
+* the FA3 set (``--group fa3``; the configurations SGLang runs by default on H100/H200):
+  ``default-{standalone,eagle3}`` (no attention backend given and piecewise CUDA graph left at
+  SGLang's default: FA3 + piecewise CUDA graph on Hopper), ``fa3-standalone-*`` (backend fa3 x
+  CUDA graph x piecewise CUDA graph) and ``fa3-eagle3-graph-pcg``, all with the matrix
+  scenarios; ``page16-*`` (``page_size=16``, Triton and FA3); ``eos-*`` (rounds of greedy
+  requests until enough outputs meet the model's EOS id, then a churn of more requests than
+  may run at once that end on EOS, on stop tokens and on their length: the finish reasons are
+  counted per side); ``radix-*`` (a 1500-token prefix shared by 24 suffixes, twice: the second
+  round must find it cached, ``cached_tokens > 0``, in both runs); ``seeded-*`` (temperature
+  0.8, top_p 0.9 and a ``sampling_seed`` per request under deterministic inference).
+  Cases that need FA3 (backend fa3 or default) are skipped where ``sgl_kernel.flash_ops``
+  does not import; the report and the JSON say whether FA3 was there.
 
 With several GPUs (``--gpus``, default: every visible one) single-GPU Engines are spread over
-them round-robin; a TP=2 Engine takes the first two.
+them round-robin; a TP=2 Engine takes the first two. Every Engine gets ports no other Engine of
+the run uses (``gpu_engine.PortAllocator``).
+
+Groups (``--group``, with ``--cases`` their union): ``base`` (everything before the FA3 set),
+``matrix``, ``fa3``.
+
+A case whose Engine did not start, or stopped before its last scenario, is a harness error
+(``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
+counts errors apart from failures.
 
 Per case the checks are: both runs finished every scenario; outputs identical (aborted
 requests: the shorter output is a prefix of the longer); lengths as requested where EOS is
 ignored; logprobs identical where requested; the plugin's INFO line in every process of the
 patched run and its "disabled" line in the stock run; no plugin warning, error or traceback
 in either log; ``maybe_wait_verify_done`` called by the stock scheduler and never by the
-patched one; retraction seen (``retract``); no GPU memory growth after warm-up (``soak``).
+patched one; retraction seen (``retract``); no GPU memory growth after warm-up (``soak``);
+outputs met EOS and requests ended on EOS, stop tokens and length (``eos``); the prefix served
+from the radix cache (``radix``).
 
 Results: ``--out DIR`` gets ``e2e-<tag>.json`` (everything), ``e2e-<tag>.txt`` (the
 report) and ``logs-<tag>.tar.gz`` (every Engine's full log). ``--merge`` turns one or more JSONs into the Markdown record
@@ -57,7 +79,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import socket
 import threading
 import time
 import urllib.error
@@ -71,7 +92,8 @@ from typing import Any, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import gpu_smoke as smoke  # noqa: E402  (shared log scan, probe and subprocess plumbing)
+import gpu_engine as ge  # noqa: E402  (ports, environment, launch, models, FA3)
+import gpu_smoke as smoke  # noqa: E402  (log scan and probe summaries)
 
 RUNS = (("stock", "off"), ("patched", "strict"))
 RETRACT_LINE = "KV cache pool is full. Retract requests."
@@ -86,10 +108,10 @@ VOCAB_LO = 3  # ids 0..2 are pad/bos/eos in the tiny models
 class Case:
     name: str
     algorithm: str  # EAGLE3 | STANDALONE
-    backend: str  # triton | flashinfer
+    backend: str  # triton | flashinfer | fa3 | default (none given: SGLang picks, FA3 on Hopper)
     cuda_graph: bool
-    pcg: bool
-    profile: str  # matrix | retract | soak | text | http
+    pcg: bool  # with backend default: SGLang's default (on), not passed
+    profile: str  # matrix | retract | soak | text | http | eos | radix | seeded
     extra: tuple[tuple[str, Any], ...] = ()
 
     @property
@@ -101,6 +123,14 @@ class Case:
         """Served by ``sglang.launch_server`` and driven over HTTP (else ``sglang.Engine``)."""
         return self.profile == "http"
 
+    @property
+    def needs_fa3(self) -> bool:
+        return ge.needs_fa3(self.backend)
+
+
+def _graph_name(graph: bool, pcg: bool) -> str:
+    return f"{'graph' if graph else 'nograph'}-{'pcg' if pcg else 'nopcg'}"
+
 
 def all_cases() -> list[Case]:
     cases = []
@@ -108,8 +138,8 @@ def all_cases() -> list[Case]:
         for backend in ("triton", "flashinfer"):
             for graph in (True, False):
                 for pcg in (True, False):
-                    name = f"{algo.lower()}-{backend}-{'graph' if graph else 'nograph'}-{'pcg' if pcg else 'nopcg'}"
-                    cases.append(Case(name, algo, backend, graph, pcg, "matrix"))
+                    cases.append(Case(f"{algo.lower()}-{backend}-{_graph_name(graph, pcg)}", algo, backend, graph,
+                                      pcg, "matrix"))
     cases.append(Case("retract-standalone-triton", "STANDALONE", "triton", True, False, "retract",
                       (("max_total_tokens", 8192), ("max_running_requests", 64))))
     cases.append(Case("soak-eagle3-triton-det", "EAGLE3", "triton", True, False, "soak",
@@ -124,15 +154,51 @@ def all_cases() -> list[Case]:
     # in the soak, so that any difference is the plugin's.
     cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))))
+    return cases + fa3_cases()
+
+
+def fa3_cases() -> list[Case]:
+    """The configurations SGLang runs by default on H100/H200 (FA3 + piecewise CUDA graph) and
+    the paths next to them: page size 16, EOS/stop churn, radix-cache hits, seeded sampling."""
+    cases = [Case(f"default-{algo.lower()}", algo, "default", True, True, "matrix") for algo in ("STANDALONE", "EAGLE3")]
+    for graph in (True, False):
+        for pcg in (True, False):
+            cases.append(Case(f"fa3-standalone-{_graph_name(graph, pcg)}", "STANDALONE", "fa3", graph, pcg, "matrix"))
+    cases.append(Case("fa3-eagle3-graph-pcg", "EAGLE3", "fa3", True, True, "matrix"))
+    page16 = (("page_size", 16),)
+    cases.append(Case("page16-eagle3-triton", "EAGLE3", "triton", True, False, "matrix", page16))
+    cases.append(Case("page16-standalone-fa3", "STANDALONE", "fa3", True, True, "matrix", page16))
+    for profile in ("eos", "radix"):
+        cases.append(Case(f"{profile}-standalone-triton", "STANDALONE", "triton", True, False, profile))
+        cases.append(Case(f"{profile}-eagle3-fa3", "EAGLE3", "fa3", True, True, profile))
+    # Deterministic inference turns piecewise CUDA graph off itself.
+    det = (("enable_deterministic_inference", True),)
+    cases.append(Case("seeded-standalone-triton", "STANDALONE", "triton", True, False, "seeded", det))
+    cases.append(Case("seeded-eagle3-fa3", "EAGLE3", "fa3", True, False, "seeded", det))
     return cases
 
 
-def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repeat: int = 1) -> list[Case]:
-    """Cases by name pattern, then every N-th (``shard`` I/N), each ``repeat`` times
-    (copies are named ``<case>~2``, ``~3``, ...: to hunt an intermittent failure)."""
+#: Named case sets (``--group``): fnmatch patterns over case names.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "base": ("eagle3-*", "standalone-*", "retract-*", "soak-*", "text-*", "tp2-*", "http-*"),
+    "matrix": ("eagle3-*", "standalone-*"),
+    "fa3": ("default-*", "fa3-*", "page16-*", "eos-*", "radix-*", "seeded-*"),
+}
+
+
+def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repeat: int = 1,
+                 groups: Sequence[str] | None = None) -> list[Case]:
+    """Cases by name pattern and/or group (their union; neither: all), then every N-th
+    (``shard`` I/N), each ``repeat`` times (copies are named ``<case>~2``, ``~3``, ...: to hunt
+    an intermittent failure)."""
     cases = all_cases()
-    if patterns:
-        cases = [c for c in cases if any(fnmatch.fnmatch(c.name, p) for p in patterns)]
+    wanted = list(patterns or [])
+    for g in groups or []:
+        if g not in GROUPS:
+            raise ValueError(f"unknown group {g!r}; choose from {sorted(GROUPS)}")
+        wanted += GROUPS[g]
+    if wanted:
+        cases = [c for c in cases if any(fnmatch.fnmatch(c.name, p) for p in wanted)]
     if shard:
         i, n = (int(x) for x in shard.split("/"))
         cases = [c for k, c in enumerate(cases) if k % n == i - 1]
@@ -141,32 +207,12 @@ def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repea
 
 def engine_kwargs(case: Case, models: Path) -> dict[str, Any]:
     draft = models / ("eagle3" if case.algorithm == "EAGLE3" else "draft")
-    kw: dict[str, Any] = {
-        "model_path": str(models / "target"),
-        "speculative_draft_model_path": str(draft),
-        "speculative_algorithm": case.algorithm,
-        "speculative_num_steps": 3,
-        "speculative_eagle_topk": 1,
-        "speculative_num_draft_tokens": 4,
-        "attention_backend": case.backend,
-        "sampling_backend": "pytorch",
-        "grammar_backend": "none",
-        "skip_tokenizer_init": True,
-        "disable_cuda_graph": not case.cuda_graph,
-        "disable_piecewise_cuda_graph": not case.pcg,
-        "chunked_prefill_size": 512,
-        "max_running_requests": 56,
-        "mem_fraction_static": 0.06,
-        "max_total_tokens": 65536,
-        "log_level": "info",
-        "random_seed": 0,
-    }
-    if case.cuda_graph:
-        kw["cuda_graph_max_bs"] = 64
-    if case.pcg:
-        kw["piecewise_cuda_graph_max_tokens"] = 512
-    kw.update(dict(case.extra))
-    return kw
+    default = case.backend == "default"
+    return ge.spec_engine_kwargs(
+        str(models / "target"), str(draft), algorithm=case.algorithm, backend=case.backend,
+        cuda_graph=case.cuda_graph, pcg=None if default else case.pcg, mem_fraction=0.06,
+        cuda_graph_max_bs=64, pcg_max_tokens=512 if case.pcg else None,
+        **dict({"chunked_prefill_size": 512, "max_running_requests": 56, "max_total_tokens": 65536}, **dict(case.extra)))
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -180,11 +226,14 @@ def _greedy(max_new: int, ignore_eos: bool = True, **more: Any) -> dict[str, Any
     return dict({"temperature": 0.0, "max_new_tokens": max_new, "ignore_eos": ignore_eos}, **more)
 
 
-def scenarios(profile: str, vocab: int, seed: int = 20261122, soak_requests: int = 2000) -> list[dict[str, Any]]:
+def scenarios(profile: str, vocab: int, seed: int = 20261122, soak_requests: int = 2000,
+              eos_ids: Sequence[int] = (2,)) -> list[dict[str, Any]]:
     """The scenario list of a profile: plain data, the same in both runs of a case.
 
     Kinds: ``batch`` (one ``generate`` call), ``stop_from`` (stop tokens taken from an earlier
-    scenario's outputs), ``async`` (concurrency-limited arrivals, optional aborts), ``text``."""
+    scenario's outputs), ``async`` (concurrency-limited arrivals, optional aborts), ``text``,
+    ``eos_search`` / ``eos_churn`` (prompts whose greedy output meets EOS, then a churn of
+    requests ending on EOS, stop tokens and their length)."""
     rng = random.Random(f"{seed}-{profile}")
     out: list[dict[str, Any]] = []
 
@@ -233,9 +282,63 @@ def scenarios(profile: str, vocab: int, seed: int = 20261122, soak_requests: int
         out.append({"name": "text", "kind": "text", "prompts": texts,
                     "sampling_params": [_greedy(48) for _ in texts]})
         out.append({"name": "text_stop", "kind": "text_stop_from", "source": "text", "max_new_tokens": 48})
+    elif profile == "eos":
+        # Greedy output of the tiny models meets EOS about once in 7000 tokens: search rounds of
+        # prompts (ignore_eos) until enough outputs hold it, then run those (they end on EOS)
+        # mixed with stop-token and length-limited requests, more than max_running_requests.
+        rounds = [[_ids(rng, rng.randrange(8, 160), vocab) for _ in range(EOS_ROUND)] for _ in range(EOS_MAX_ROUNDS)]
+        out.append({"name": "eos_search", "kind": "eos_search", "rounds": rounds, "max_new_tokens": EOS_NEW_TOKENS,
+                    "want": EOS_WANTED, "eos_ids": list(eos_ids)})
+        out.append({"name": "eos_churn", "kind": "eos_churn", "source": "eos_search", "stop_requests": 24,
+                    "length_requests": 40, "seed": seed})
+    elif profile == "radix":
+        # One long shared prefix, many suffixes; the second round finds the prefix cached.
+        prefix = _ids(rng, RADIX_PREFIX, vocab)
+        for name in ("radix_round1", "radix_round2"):
+            sc = batch(name, [], [32] * RADIX_SUFFIXES)
+            sc["input_ids"] = [prefix + _ids(rng, rng.randrange(4, 120), vocab) for _ in range(RADIX_SUFFIXES)]
+            sc["expect_cached"] = name == "radix_round2"
+            out.append(sc)
+    elif profile == "seeded":
+        # temperature > 0 with a seed per request (deterministic inference): stock must
+        # reproduce itself for a difference to count (adjudicate).
+        def seeded(name: str, lengths: Sequence[int], new: Sequence[int]) -> dict[str, Any]:
+            sc = batch(name, lengths, new)
+            sc["sampling_params"] = [dict(p, temperature=0.8, top_p=0.9, sampling_seed=1000 + i)
+                                     for i, p in enumerate(sc["sampling_params"])]
+            return sc
+
+        out.append(seeded("seeded_bs7", [5, 17, 40, 77, 128, 211, 300], [64] * 7))
+        churn_len = [rng.randrange(4, 500) for _ in range(72)]
+        out.append(seeded("seeded_churn", churn_len, [rng.randrange(8, 121) for _ in churn_len]))
     else:
         raise ValueError(f"unknown profile {profile!r}")
     return out
+
+
+EOS_ROUND = 192
+EOS_MAX_ROUNDS = 10
+EOS_NEW_TOKENS = 80
+EOS_WANTED = 8
+RADIX_PREFIX = 1500
+RADIX_SUFFIXES = 24
+
+
+def finish_kind(rec: dict[str, Any], eos_ids: Sequence[int]) -> str:
+    """``eos``, ``stop`` (a stop token or string), ``length``, ``abort`` or what SGLang said."""
+    finish = rec.get("finish")
+    if finish == "stop":
+        return "eos" if rec.get("matched") in eos_ids else "stop"
+    return str(finish) if finish else "none"
+
+
+def finish_counts(outputs: Sequence[dict[str, Any] | None], eos_ids: Sequence[int]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for o in outputs:
+        if o:
+            k = finish_kind(o, eos_ids)
+            counts[k] = counts.get(k, 0) + 1
+    return counts
 
 
 def stop_token_choice(output: Sequence[int], index: int) -> int | None:
@@ -275,10 +378,14 @@ def _gpu_memory_mib(pids: Sequence[int]) -> int | None:
 
 def _record(o: dict[str, Any]) -> dict[str, Any]:
     meta = o.get("meta_info", {}) or {}
+    reason = meta.get("finish_reason")
     rec = {"output_ids": [int(t) for t in o.get("output_ids", [])],
-           "finish": (meta.get("finish_reason") or {}).get("type") if isinstance(meta.get("finish_reason"), dict)
-           else meta.get("finish_reason"),
+           "finish": reason.get("type") if isinstance(reason, dict) else reason,
            "accept": meta.get("spec_accept_length")}
+    if isinstance(reason, dict) and reason.get("matched") is not None:
+        rec["matched"] = reason["matched"]
+    if meta.get("cached_tokens") is not None:
+        rec["cached"] = int(meta["cached_tokens"])
     if "text" in o and o["text"] is not None:
         rec["text"] = o["text"]
     if meta.get("output_token_logprobs") is not None:
@@ -349,6 +456,10 @@ def run_scenario(engine: Any, sc: dict[str, Any], done: dict[str, Any], pids: Se
         return {"outputs": [_record(o) for o in outs], "stops": stops}
     if kind == "async":
         return _run_async(engine, sc, pids)
+    if kind == "eos_search":
+        return _eos_search(engine, sc)
+    if kind == "eos_churn":
+        return _eos_churn(engine, sc, done[sc["source"]])
     if kind == "text":
         outs = engine.generate(prompt=sc["prompts"], sampling_params=sc["sampling_params"])
         return {"outputs": [_record(o) for o in outs]}
@@ -365,6 +476,53 @@ def run_scenario(engine: Any, sc: dict[str, Any], done: dict[str, Any], pids: Se
         outs = engine.generate(prompt=prompts, sampling_params=params)
         return {"outputs": [_record(o) for o in outs], "stops": stops}
     raise ValueError(f"unknown scenario kind {kind!r}")
+
+
+def _eos_search(engine: Any, sc: dict[str, Any]) -> dict[str, Any]:
+    """Rounds of greedy requests (ignore_eos) until ``want`` outputs hold an EOS id."""
+    eos = set(sc["eos_ids"])
+    outputs: list[dict[str, Any]] = []
+    prompts: list[list[int]] = []
+    found: list[int] = []
+    for rnd in sc["rounds"]:
+        outs = engine.generate(input_ids=rnd, sampling_params=[_greedy(sc["max_new_tokens"]) for _ in rnd])
+        for ids, o in zip(rnd, outs):
+            rec = _record(o)
+            if eos & set(rec["output_ids"][:-1]):  # before the last token: the rerun stops on it
+                found.append(len(outputs))
+            outputs.append(rec)
+            prompts.append(ids)
+        if len(found) >= sc["want"]:
+            break
+    return {"outputs": outputs, "prompts": prompts, "found": found}
+
+
+def eos_churn_requests(sc: dict[str, Any], search: dict[str, Any]) -> tuple[list[list[int]], list[dict[str, Any]], list[int]]:
+    """The requests of ``eos_churn`` from ``eos_search``'s result: every prompt whose output met
+    EOS (EOS honoured), ``stop_requests`` with a stop token from their output and
+    ``length_requests`` with a budget their output meets no EOS in, mixed in a fixed order.
+    Returns prompts, sampling params and the stop tokens (None for the others)."""
+    src = search["scenario"]
+    found = set(search["found"])
+    new = src["max_new_tokens"]
+    plain = [i for i, rec in enumerate(search["outputs"]) if i not in found]
+    reqs: list[tuple[int, dict[str, Any], int | None]] = [(i, _greedy(new, ignore_eos=False), None) for i in sorted(found)]
+    for k, i in enumerate(plain[: sc["stop_requests"]]):
+        stop = stop_token_choice(search["outputs"][i]["output_ids"], k)
+        if stop is not None:
+            reqs.append((i, _greedy(new, ignore_eos=False, stop_token_ids=[stop]), stop))
+    for k, i in enumerate(plain[sc["stop_requests"]: sc["stop_requests"] + sc["length_requests"]]):
+        reqs.append((i, _greedy(8 + (k * 7) % (new - 8), ignore_eos=False), None))
+    random.Random(f"{sc['seed']}-eos-churn").shuffle(reqs)
+    return ([search["prompts"][i] for i, _, _ in reqs], [p for _, p, _ in reqs], [st for _, _, st in reqs])
+
+
+def _eos_churn(engine: Any, sc: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
+    prompts, params, stops = eos_churn_requests(sc, search)
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    recs = [_record(o) for o in outs]
+    eos_ids = search["scenario"]["eos_ids"]
+    return {"outputs": recs, "stops": stops, "finish_counts": finish_counts(recs, eos_ids)}
 
 
 def _settle(spec: dict[str, Any]) -> None:
@@ -398,31 +556,18 @@ def run_scenarios(spec: dict[str, Any], result: dict[str, Any], run_one: Any) ->
 
 
 def server_argv(kwargs: dict[str, Any], port: int) -> list[str]:
-    """``sglang.launch_server`` flags for Engine keyword arguments (``True``: a bare flag)."""
+    """``sglang.launch_server`` flags for Engine keyword arguments (``True``: a bare flag); the
+    server listens on ``port`` (the first port of its block, below SGLang's gRPC offset limit)."""
     argv: list[str] = []
     for key, value in kwargs.items():
+        if key in ("host", "port"):
+            continue
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             argv += [flag] if value else []
         else:
             argv += [flag, str(value)]
     return argv + ["--host", "127.0.0.1", "--port", str(port)]
-
-
-def _free_port(rng: random.Random | None = None) -> int:
-    """A free local port P with P + 10000 free too: SGLang derives its gRPC port that way and
-    refuses one above 65535, so the kernel's ephemeral range (32768+) is no good."""
-    rng = rng or random.Random()
-    for _ in range(500):
-        port = rng.randrange(20000, 45000)
-        try:
-            for p in (port, port + 10000):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free local port pair found")
 
 
 def _http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = 300) -> Any:
@@ -500,9 +645,9 @@ def run_http_scenario(base: str, model: str, sc: dict[str, Any], done: dict[str,
 
 
 def server_worker_main(spec: dict[str, Any]) -> int:
-    """The ``http`` profile: ``python -m sglang.launch_server`` on a free local port, then
+    """The ``http`` profile: ``python -m sglang.launch_server`` on the port of its block, then
     every scenario over HTTP. The server's output goes to this worker's log."""
-    port = _free_port()
+    port = int(spec["engine_kwargs"]["port"])
     base = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "sglang.launch_server", *server_argv(spec["engine_kwargs"], port)]
     print("server argv: " + " ".join(argv[1:]), flush=True)
@@ -523,6 +668,11 @@ def server_worker_main(spec: dict[str, Any]) -> int:
                 raise RuntimeError("sglang.launch_server not ready in time")
             time.sleep(1.0)
         model = _http_json(base + "/v1/models")["data"][0]["id"]
+        try:
+            info = _http_json(base + "/get_server_info")
+            result["effective"] = {k: info.get(k) for k in ge.EFFECTIVE_KEYS if k in info}
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            result["effective"] = {"error": repr(exc)[:300]}
         _http_json(base + "/generate", {"text": "w3 w4 w5 w6", "sampling_params": _greedy(16)})
         result["startup_s"] = time.perf_counter() - t0
         run_scenarios(spec, result, lambda sc, done: run_http_scenario(base, model, sc, done))
@@ -547,7 +697,9 @@ def worker_main(spec_path: Path) -> int:
     print("engine kwargs: " + json.dumps(spec["engine_kwargs"]), flush=True)
     t0 = time.perf_counter()
     engine = sglang.Engine(**spec["engine_kwargs"])
-    result: dict[str, Any] = {"pid": os.getpid(), "startup_s": time.perf_counter() - t0, "scenarios": {}}
+    result: dict[str, Any] = {"pid": os.getpid(), "startup_s": time.perf_counter() - t0, "scenarios": {},
+                              "sglang_version": getattr(sglang, "__version__", None),
+                              "effective": ge.effective_config(engine)}
     try:
         pids = list(engine.get_all_child_pids()) + [os.getpid()]
         result["child_pids"] = pids
@@ -691,6 +843,22 @@ def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: 
             stopped = sum(1 for o, st in zip(po, patched["stops"]) if o.get("finish") == "stop" and st not in o["text"])
         checks.append(Check(f"{name}: stops honoured", patched.get("stops") == stock.get("stops") and stopped > 0,
                             f"{stopped}/{len(po)} finished on their stop token/string"))
+    if sc["kind"] == "eos_search":
+        n = {side: len(r.get("found") or []) for side, r in (("stock", stock), ("patched", patched))}
+        checks.append(Check(f"{name}: outputs met EOS", all(n.values()),
+                            f"outputs holding EOS {sc['eos_ids']}: {n} of {len(so)} requests "
+                            f"({len(so) // max(len(sc['rounds'][0]), 1)} rounds)"))
+    if "finish_counts" in patched:
+        fc = {side: r.get("finish_counts") or {} for side, r in (("stock", stock), ("patched", patched))}
+        checks.append(Check(f"{name}: requests ended on EOS, stop tokens and length",
+                            all(c.get("eos") and c.get("stop") and c.get("length") for c in fc.values()),
+                            f"finish reasons stock {fc['stock']}, patched {fc['patched']}"))
+    if sc.get("expect_cached"):
+        cached = {side: [o.get("cached") for o in outs] for side, outs in (("stock", so), ("patched", po))}
+        checks.append(Check(f"{name}: prefix served from the radix cache",
+                            all(c and all((x or 0) > 0 for x in c) for c in cached.values()),
+                            "; ".join(f"{side}: cached tokens {sum(x or 0 for x in c)} over {len(c)} requests, "
+                                      f"min {min((x or 0 for x in c), default=0)}" for side, c in cached.items())))
     return checks
 
 
@@ -752,19 +920,29 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
 
 def run_engine(case: Case, mode_name: str, mode: str, spec: dict[str, Any], work: Path, timeout: float,
                log_config: Path) -> dict[str, Any]:
+    """One Engine (or server) run of a case, with the port block and GPUs its ``spec`` names."""
     tag = f"{case.name}-{mode_name}"
     probe_dir = work / f"probe-{tag}"
     probe_dir.mkdir(parents=True, exist_ok=True)
-    env = smoke.subprocess_env(mode, probe_dir, log_config)
-    if spec.get("cuda_visible_devices"):
-        env["CUDA_VISIBLE_DEVICES"] = spec["cuda_visible_devices"]
-    rc, wall, result, text = smoke.run_worker(Path(__file__).resolve(), spec, work, tag, work / f"{tag}.log",
-                                              env, timeout)
+    ports = ge.PortBlock(spec["ports"]["base"]) if spec.get("ports") else None
+    env = ge.subprocess_env(mode, probe_dir, log_config, ports=ports,
+                            cuda_visible_devices=spec.get("cuda_visible_devices"))
+    rc, wall, result, text = ge.run_worker(Path(__file__).resolve(), spec, work, tag, work / f"{tag}.log", env,
+                                           timeout)
     print(f"   {tag}: rc {rc}, {wall:.0f} s", flush=True)
+    error = ge.engine_error(rc, result, text, expected=[sc["name"] for sc in spec["scenarios"]])
     return {"mode": mode, "returncode": rc, "wall_s": wall, "result": result,
             "log": smoke.scan_log(text), "probe": smoke.summarize_probe(smoke.read_probe_dir(probe_dir)),
             "retract_lines": text.count(RETRACT_LINE), "log_path": str(work / f"{tag}.log"),
-            "log_excerpt": smoke.trim_log(text, max_lines=25, tail=8)}
+            "log_excerpt": smoke.trim_log(text, max_lines=25, tail=8), "error": error,
+            "log_tail": ge.log_tail(text) if error else None, "ports": spec.get("ports"),
+            "config_label": ge.config_label((result or {}).get("effective"), requested_backend=case.backend,
+                                            log_text=text)}
+
+
+#: Case outcomes: ``error`` = an Engine did not start or did not finish its scenarios (a
+#: harness error, never counted as a mismatch); ``skipped`` = could not run here (GPUs, FA3).
+STATUSES = ("passed", "failed", "error", "skipped")
 
 
 @dataclass
@@ -774,7 +952,17 @@ class CaseResult:
     checks: list[Check]
     wall_s: float
     runs: dict[str, Any] = field(default_factory=dict)
-    skipped: str | None = None  # why it did not run (e.g. too few GPUs); not a failure
+    skipped: str | None = None  # why it did not run (too few GPUs, no FA3); not a failure
+    errors: dict[str, str] = field(default_factory=dict)  # run -> why it is a harness error
+    eos_ids: tuple[int, ...] = (2,)
+
+    @property
+    def status(self) -> str:
+        if self.skipped:
+            return "skipped"
+        if self.errors:
+            return "error"
+        return "passed" if self.passed else "failed"
 
 
 def visible_gpus(limit: int | None = None) -> list[str]:
@@ -792,15 +980,29 @@ def visible_gpus(limit: int | None = None) -> list[str]:
     return ids[:limit] if limit else ids
 
 
+def skip_reason(case: Case, n_gpus: int, fa3: bool) -> str | None:
+    if case.gpus > n_gpus:
+        return f"needs {case.gpus} GPUs, {n_gpus} available"
+    if case.needs_fa3 and not fa3:
+        return f"{ge.NO_FA3}: backend {case.backend} needs FA3 (sgl_kernel.flash_ops)"
+    return None
+
+
 def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, timeout: float,
-              stagger_s: float, soak_requests: int, gpu_ids: Sequence[str] = ("0",)) -> list[CaseResult]:
-    skipped = {c.name: f"needs {c.gpus} GPUs, {len(gpu_ids)} available" for c in cases if c.gpus > len(gpu_ids)}
+              stagger_s: float, soak_requests: int, gpu_ids: Sequence[str] = ("0",), fa3: bool | None = None,
+              ports: ge.PortAllocator | None = None) -> list[CaseResult]:
+    """Every case's stock and patched Engines, ``jobs`` at a time, each with a port block of its
+    own (``ports``); ``fa3``: whether FA3 imports here (default: find out)."""
+    fa3 = ge.fa3_available() if fa3 is None else fa3
+    ports = ports or ge.PortAllocator()
+    skipped = {c.name: why for c in cases if (why := skip_reason(c, len(gpu_ids), fa3))}
     runnable = [c for c in cases if c.name not in skipped]
-    vocab = json.loads((models / "target" / "config.json").read_text())["vocab_size"]
-    log_config = work / "logging.json"
-    log_config.write_text(json.dumps(smoke.logging_config()))
+    vocab = ge.model_config(models / "target")["vocab_size"]
+    eos_ids = tuple(ge.eos_token_ids(models / "target"))
+    log_config = ge.write_logging_config(work / "logging.json")
     # One workload per profile, shared by both runs of a case and by its evaluation.
-    workloads = {c.profile: scenarios(c.profile, vocab, soak_requests=soak_requests) for c in runnable}
+    workloads = {c.profile: scenarios(c.profile, vocab, soak_requests=soak_requests, eos_ids=eos_ids)
+                 for c in runnable}
     start_lock = threading.Lock()
     last_start = [0.0]
     placed = [0]  # single-GPU Engines go round-robin over gpu_ids
@@ -819,8 +1021,9 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
             if wait > 0:
                 time.sleep(wait)
             last_start[0] = time.monotonic()
-        spec = {"engine_kwargs": engine_kwargs(case, models), "scenarios": workloads[case.profile],
-                "server": case.server, "cuda_visible_devices": devices(case)}
+        block = ports.allocate(f"{case.name}-{mode_name}")
+        spec = {"engine_kwargs": ge.with_ports(engine_kwargs(case, models), block), "ports": block.as_dict(),
+                "scenarios": workloads[case.profile], "server": case.server, "cuda_visible_devices": devices(case)}
         return run_engine(case, mode_name, mode, spec, work, timeout, log_config)
 
     # The slowest starts (piecewise CUDA graph, the soak) go first.
@@ -832,36 +1035,51 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
         for c in cases:
             if c.name in skipped:
                 print(f"case {c.name}: SKIPPED ({skipped[c.name]})", flush=True)
-                results.append(CaseResult(c, False, [], 0.0, skipped=skipped[c.name]))
+                results.append(CaseResult(c, False, [], 0.0, skipped=skipped[c.name], eos_ids=eos_ids))
                 continue
             runs = {m: futures[(c.name, m)].result() for m, _ in RUNS}
-            checks = evaluate_case(c, workloads[c.profile], runs["stock"], runs["patched"])
-            failing = [x.name for x in checks if not x.ok]
-            if failing and all(n.endswith(MISMATCH_CHECKS) for n in failing):
-                print(f"case {c.name}: outputs differ; running stock SGLang once more", flush=True)
-                runs["stock-rerun"] = one(c, "stock-rerun", "off")
-                checks = adjudicate(workloads[c.profile], checks, runs["stock"], runs["stock-rerun"],
-                                    runs["patched"])
-            ok = all(x.ok for x in checks)
-            print(f"case {c.name}: {'PASSED' if ok else 'FAILED'}", flush=True)
-            results.append(CaseResult(c, ok, checks, time.perf_counter() - t0, runs))
+            errors = {m: run["error"] for m, run in runs.items() if run.get("error")}
+            checks: list[Check] = []
+            if not errors:
+                checks = evaluate_case(c, workloads[c.profile], runs["stock"], runs["patched"])
+                failing = [x.name for x in checks if not x.ok]
+                if failing and all(n.endswith(MISMATCH_CHECKS) for n in failing):
+                    print(f"case {c.name}: outputs differ; running stock SGLang once more", flush=True)
+                    runs["stock-rerun"] = one(c, "stock-rerun", "off")
+                    if runs["stock-rerun"].get("error"):
+                        errors["stock-rerun"] = runs["stock-rerun"]["error"]
+                    checks = adjudicate(workloads[c.profile], checks, runs["stock"], runs["stock-rerun"],
+                                        runs["patched"])
+            r = CaseResult(c, not errors and all(x.ok for x in checks), checks, time.perf_counter() - t0, runs,
+                           errors=errors, eos_ids=eos_ids)
+            print(f"case {c.name}: {r.status.upper()}"
+                  + "".join(f"; {m}: {why}" for m, why in errors.items()), flush=True)
+            results.append(r)
     return results
 
 
 def case_summary(r: CaseResult) -> dict[str, Any]:
+    base = {"case": asdict(r.case), "status": r.status, "passed": r.passed, "needs_fa3": r.case.needs_fa3}
     if r.skipped:
-        return {"case": asdict(r.case), "passed": False, "skipped": r.skipped, "wall_s": 0.0, "checks": [],
-                "runs": {}}
+        return dict(base, skipped=r.skipped, wall_s=0.0, checks=[], runs={})
+
     def run_info(run: dict[str, Any]) -> dict[str, Any]:
         res = run.get("result") or {}
         scen = res.get("scenarios", {})
-        accepts = [o.get("accept") for s in scen.values() for o in (s.get("outputs") or []) if o and o.get("accept")]
+        outs = [o for s in scen.values() for o in (s.get("outputs") or []) if o]
+        accepts = [o.get("accept") for o in outs if o.get("accept")]
         return {"returncode": run["returncode"], "wall_s": round(run["wall_s"], 1),
-                "startup_s": round(res.get("startup_s", 0.0), 1),
+                "startup_s": round(res.get("startup_s") or 0.0, 1),
+                "error": run.get("error"), "log_tail": run.get("log_tail"),
+                "config": run.get("config_label"), "effective": res.get("effective"),
+                "sglang_version": res.get("sglang_version"),
+                "ports": run.get("ports"),
                 "mean_accept_length": round(sum(accepts) / len(accepts), 3) if accepts else None,
                 "scenario_seconds": {k: round(v.get("seconds", 0.0), 1) for k, v in scen.items()},
                 "requests": sum(len(s.get("outputs") or []) for s in scen.values()),
-                "output_tokens": sum(len(o["output_ids"]) for s in scen.values() for o in (s.get("outputs") or []) if o),
+                "output_tokens": sum(len(o["output_ids"]) for o in outs),
+                "finish_counts": finish_counts(outs, r.eos_ids),
+                "cached_tokens": sum(o.get("cached") or 0 for o in outs),
                 "memory_mib": (scen.get("soak") or {}).get("memory_mib"),
                 "memory_after_warmup_mib": res.get("memory_after_warmup_mib"),
                 "retract_lines": run.get("retract_lines"),
@@ -869,21 +1087,49 @@ def case_summary(r: CaseResult) -> dict[str, Any]:
                 "verify_done_calls": run["probe"].total_calls,
                 "log_excerpt": run.get("log_excerpt") if run["returncode"] != 0 or not res else None}
 
-    return {"case": asdict(r.case), "passed": r.passed, "wall_s": round(r.wall_s, 1),
-            "checks": [asdict(c) for c in r.checks],
-            "runs": {m: run_info(run) for m, run in r.runs.items()}}  # stock, patched[, stock-rerun]
+    return dict(base, wall_s=round(r.wall_s, 1), errors=r.errors, checks=[asdict(c) for c in r.checks],
+                runs={m: run_info(run) for m, run in r.runs.items()})  # stock, patched[, stock-rerun]
 
 
-def format_report(summaries: Sequence[dict[str, Any]]) -> str:
-    lines = []
+def outcome(summaries: Sequence[dict[str, Any]]) -> tuple[bool, str]:
+    """(all ran cases passed, ``12/14 cases passed, 1 failed, 1 harness error, 2 skipped``)."""
+    n = {st: sum(1 for s in summaries if _status(s) == st) for st in STATUSES}
+    ran = n["passed"] + n["failed"] + n["error"]
+    text = f"{n['passed']}/{ran} cases passed"
+    if n["failed"]:
+        text += f", {n['failed']} failed"
+    if n["error"]:
+        text += f", {n['error']} harness error{'s' if n['error'] > 1 else ''} (an Engine did not run to the end)"
+    if n["skipped"]:
+        no_fa3 = sum(1 for s in summaries if _status(s) == "skipped" and str(s.get("skipped")).startswith(ge.NO_FA3))
+        text += f", {n['skipped']} skipped" + (f" ({no_fa3} for {ge.NO_FA3})" if no_fa3 else "")
+    return bool(ran) and n["passed"] == ran, text
+
+
+def _status(s: dict[str, Any]) -> str:
+    """A summary's status (records written before statuses existed: from passed/skipped)."""
+    return s.get("status") or ("skipped" if s.get("skipped") else "passed" if s.get("passed") else "failed")
+
+
+def format_report(summaries: Sequence[dict[str, Any]], fa3: bool | None = None) -> str:
+    lines = [] if fa3 is None else [ge.fa3_line(fa3)]
     for s in summaries:
-        if s.get("skipped"):
+        status = _status(s)
+        if status == "skipped":
             lines.append(f"SKIPPED {s['case']['name']}: {s['skipped']}")
             continue
+        if status == "error":
+            lines.append(f"ERROR   {s['case']['name']}: harness error, no comparison made")
+            for m, run in s["runs"].items():
+                if run.get("error"):
+                    lines.append(f"    {m}: {run['error']} ({run['wall_s']} s); last lines of its log:")
+                    lines.extend("      | " + ln for ln in (run.get("log_tail") or "").splitlines())
+            continue
         st, pt = s["runs"]["stock"], s["runs"]["patched"]
-        lines.append(f"{'PASSED' if s['passed'] else 'FAILED'}  {s['case']['name']}: {pt['requests']} requests, "
+        lines.append(f"{status.upper():7} {s['case']['name']}: {pt['requests']} requests, "
                      f"{pt['output_tokens']} tokens; accept {st['mean_accept_length']} / {pt['mean_accept_length']}; "
-                     f"start {st['startup_s']} / {pt['startup_s']} s")
+                     f"start {st['startup_s']} / {pt['startup_s']} s; {pt.get('config')}; finish "
+                     f"{st.get('finish_counts')} / {pt.get('finish_counts')}")
         for c in s["checks"]:
             if not c["ok"]:
                 lines.append(f"    [FAIL] {c['name']}: {c['detail']}")
@@ -891,10 +1137,8 @@ def format_report(summaries: Sequence[dict[str, Any]]) -> str:
             if s["runs"][m].get("log_excerpt"):
                 lines.append(f"    --- {m} log excerpt ---")
                 lines.extend("    " + ln for ln in s["runs"][m]["log_excerpt"].splitlines())
-    n_ok = sum(s["passed"] for s in summaries)
-    ran = [s for s in summaries if not s.get("skipped")]
-    lines.append(f"E2E {'PASSED' if n_ok == len(ran) and ran else 'FAILED'}: {n_ok}/{len(ran)} cases"
-                 + (f", {len(summaries) - len(ran)} skipped" if len(ran) < len(summaries) else ""))
+    ok, text = outcome(summaries)
+    lines.append(f"E2E {'PASSED' if ok else 'FAILED'}: {text}")
     return "\n".join(lines)
 
 
@@ -909,8 +1153,8 @@ def merge_record(paths: Sequence[Path]) -> str:
 def merge_record_from_docs(docs: Sequence[dict[str, Any]]) -> str:
     cases = [c for d in docs for c in d["cases"]]
     env = docs[0]["environment"] if docs else {}
-    ok = sum(c["passed"] for c in cases)
-    skipped = [c for c in cases if c.get("skipped")]
+    _, text = outcome(cases)
+    fa3 = sorted({str(d["environment"].get("fa3", "?")).lower() for d in docs})
     lines = [
         "# GPU end-to-end suite: stock SGLang vs SGLang + plugin, token for token",
         "",
@@ -918,42 +1162,58 @@ def merge_record_from_docs(docs: Sequence[dict[str, Any]]) -> str:
         f"| date | {', '.join(sorted({d['environment']['date'][:10] for d in docs}))} |",
         f"| GPU | {env.get('gpu')} |",
         f"| SGLang | {env.get('sglang')} (torch {env.get('torch')}) |",
+        f"| FA3 | {', '.join(fa3)} |",
         f"| commands | {'; '.join('`' + d['environment']['command'] + '`' for d in docs)} |",
         f"| wall time | {' + '.join(str(round(d['environment']['wall_s'])) + ' s' for d in docs)} |",
-        f"| outcome | **{ok}/{len(cases) - len(skipped)} cases passed**"
-        + (f", {len(skipped)} skipped" if skipped else "") + " |",
+        f"| outcome | **{text}** |",
         "",
-        "Stock = `SGLANG_FUTUREMAP_PATCH=off`, patched = `strict`; each Engine in its own process, "
-        "spec v2 (overlap scheduler), 3 steps, topk 1, 4 draft tokens, greedy. Scenarios and checks: "
+        "Stock = `SGLANG_FUTUREMAP_PATCH=off`, patched = `strict`; each Engine in its own process with ports of "
+        "its own, spec v2 (overlap scheduler), 3 steps, topk 1, 4 draft tokens, greedy unless the case says "
+        "otherwise. Config = the attention backend, piecewise CUDA graph and page size the Engine reported. "
+        "Error = an Engine did not start or did not finish (no comparison made). Scenarios and checks: "
         "`scripts/gpu_e2e.py --help`.",
         "",
-        "| case | result | requests | output tokens | accept length s / p | scenarios | failed checks |",
-        "|---|---|---|---|---|---|---|",
+        "| case | result | config | requests | output tokens | accept length s / p | scenarios | failed checks |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    label = {"passed": "pass", "failed": "**FAIL**", "error": "**ERROR**", "skipped": "skipped"}
     for c in cases:
-        if c.get("skipped"):
-            lines.append(f"| {c['case']['name']} | skipped | - | - | - | - | {c['skipped']} |")
+        status = _status(c)
+        if status == "skipped":
+            lines.append(f"| {c['case']['name']} | skipped | - | - | - | - | - | {c['skipped']} |")
+            continue
+        if status == "error":
+            why = "; ".join(f"{m}: {r['error']}" for m, r in c["runs"].items() if r.get("error"))[:300]
+            lines.append(f"| {c['case']['name']} | **ERROR** | - | - | - | - | - | harness error: {why} |")
             continue
         p, s = c["runs"]["patched"], c["runs"]["stock"]
         bad = "; ".join(f"{x['name']}: {x['detail']}" for x in c["checks"] if not x["ok"])[:300] or "-"
         if c["passed"] and "stock-rerun" in c["runs"]:
             bad = "passed on a second stock run: " + "; ".join(
                 x["detail"] for x in c["checks"] if x["name"].endswith("match a stock run"))[:300]
-        lines.append(f"| {c['case']['name']} | {'pass' if c['passed'] else '**FAIL**'} | {p['requests']} | "
+        lines.append(f"| {c['case']['name']} | {label[status]} | {p.get('config') or '-'} | {p['requests']} | "
                      f"{p['output_tokens']} | {s['mean_accept_length']} / {p['mean_accept_length']} | "
                      f"{', '.join(p['scenario_seconds'])} | {bad} |")
-    soak = [c for c in cases if c["case"]["profile"] == "soak"]
-    for c in soak:
-        p = c["runs"]["patched"]
-        lines += ["", f"Soak ({c['case']['name']}): GPU memory of the patched Engine's processes after warm-up "
-                  f"{p['memory_after_warmup_mib']} MiB, then every 200 requests: "
-                  f"{[v for _, v in (p['memory_mib'] or [])]} MiB."]
+    for c in cases:
+        if _status(c) in ("skipped", "error"):
+            continue
+        p, s = c["runs"]["patched"], c["runs"]["stock"]
+        if c["case"]["profile"] == "soak":
+            lines += ["", f"Soak ({c['case']['name']}): GPU memory of the patched Engine's processes after warm-up "
+                      f"{p['memory_after_warmup_mib']} MiB, then every 200 requests: "
+                      f"{[v for _, v in (p['memory_mib'] or [])]} MiB."]
+        if c["case"]["profile"] == "eos":
+            lines += ["", f"EOS churn ({c['case']['name']}): finish reasons over all requests, stock "
+                      f"{s.get('finish_counts')}, patched {p.get('finish_counts')}."]
+        if c["case"]["profile"] == "radix":
+            lines += ["", f"Radix cache ({c['case']['name']}): cached prompt tokens stock {s.get('cached_tokens')}, "
+                      f"patched {p.get('cached_tokens')}."]
     return "\n".join(lines) + "\n"
 
 
-def environment(command: str, wall_s: float) -> dict[str, Any]:
+def environment(command: str, wall_s: float, fa3: bool | None = None) -> dict[str, Any]:
     info: dict[str, Any] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                            "command": command, "wall_s": wall_s}
+                            "command": command, "wall_s": wall_s, "fa3": fa3}
     try:
         import torch
 
@@ -983,6 +1243,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", type=Path, help="make_tiny_models.py output (default: build into a temporary folder)")
     p.add_argument("--cases", nargs="*", help="case names or fnmatch patterns (default: all)")
+    p.add_argument("--group", nargs="*", choices=sorted(GROUPS),
+                   help="named case sets, with --cases their union: " + "; ".join(
+                       f"{g} = {' '.join(pats)}" for g, pats in GROUPS.items()))
     p.add_argument("--shard", help="I/N: every N-th selected case starting at the I-th (split a long run)")
     p.add_argument("--repeat", type=int, default=1, help="run each selected case this many times")
     p.add_argument("--list", action="store_true", help="print the cases and exit")
@@ -993,7 +1256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stagger", type=float, default=4.0, help="seconds between Engine starts (default 4)")
     p.add_argument("--soak-requests", type=int, default=2000)
     p.add_argument("--out", type=Path, default=Path("gpu-out"), help="folder for e2e-<tag>.json/.txt")
-    p.add_argument("--tag", default=None, help="file-name tag (default: the shard, or 'all')")
+    p.add_argument("--tag", default=None, help="file-name tag (default: the group and shard, or 'all')")
     p.add_argument("--merge", nargs="+", type=Path, help="write the Markdown record of these JSONs to stdout")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     return p
@@ -1006,39 +1269,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         sys.stdout.write(merge_record(args.merge))
         return 0
-    cases = select_cases(args.cases, args.shard, args.repeat)
+    cases = select_cases(args.cases, args.shard, args.repeat, args.group)
     if args.list or not cases:
         for c in cases:
-            print(f"{c.name:32} {c.profile:8} {c.algorithm:10} {c.backend:10} graph={c.cuda_graph} pcg={c.pcg}")
+            print(f"{c.name:36} {c.profile:8} {c.algorithm:10} {c.backend:10} graph={c.cuda_graph} pcg={c.pcg}"
+                  + (" (needs FA3)" if c.needs_fa3 else ""))
         return 0 if cases else 2
     t0 = time.perf_counter()
+    fa3 = ge.fa3_available()
+    print(ge.fa3_line(fa3), flush=True)
+    tag = args.tag or "-".join([*(args.group or []), *([args.shard.replace("/", "of")] if args.shard else [])]) or "all"
     work = Path(tempfile.mkdtemp(prefix="gpu-e2e-"))
     try:
         models = args.models
         if models is None:
-            from make_tiny_models import make_models
-
-            make_models(work / "models")
             models = work / "models"
+            ge.build_tiny_models(models)
         results = run_cases(cases, models, work, jobs=args.jobs, timeout=args.timeout,
                             stagger_s=args.stagger, soak_requests=args.soak_requests,
-                            gpu_ids=visible_gpus(args.gpus))
+                            gpu_ids=visible_gpus(args.gpus), fa3=fa3)
         args.out.mkdir(parents=True, exist_ok=True)
-        tag = args.tag or (args.shard.replace("/", "of") if args.shard else "all")
         with tarfile.open(args.out / f"logs-{tag}.tar.gz", "w:gz") as tar:
             for log in sorted(work.glob("*.log")):
                 tar.add(log, arcname=log.name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summaries = [case_summary(r) for r in results]
-    report = format_report(summaries)
+    report = format_report(summaries, fa3)
     print(report)
     command = "python3 scripts/gpu_e2e.py " + " ".join(
         _portable_args(argv if argv is not None else sys.argv[1:]))
-    doc = {"environment": environment(command, time.perf_counter() - t0), "cases": summaries}
+    doc = {"environment": environment(command, time.perf_counter() - t0, fa3), "fa3": fa3, "cases": summaries}
     (args.out / f"e2e-{tag}.json").write_text(json.dumps(doc, indent=1))
     (args.out / f"e2e-{tag}.txt").write_text(report + "\n")
-    return 0 if all(r.passed or r.skipped for r in results) else 1
+    return 0 if outcome(summaries)[0] or all(r.status == "skipped" for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -17,22 +17,51 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import gpu_e2e as e2e  # noqa: E402
+import gpu_engine as ge  # noqa: E402
 import gpu_smoke as smoke  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_fa3_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_cases asks whether FA3 imports unless told: here it is told, or finds "no"."""
+    monkeypatch.setenv(ge.FA3_ENV, "0")
 
 
 # ----------------------------------------------------------------------------- cases, workloads
 
 
 def test_matrix_covers_every_combination_once() -> None:
-    matrix = [c for c in e2e.all_cases() if c.profile == "matrix" and c.gpus == 1]
+    matrix = e2e.select_cases(None, groups=["matrix"])
     combos = {(c.algorithm, c.backend, c.cuda_graph, c.pcg) for c in matrix}
-    assert len(matrix) == len(combos) == 16
-    assert {c.profile for c in e2e.all_cases()} == {"matrix", "retract", "soak", "text", "http"}
+    assert len(matrix) == len(combos) == 16 and all(c.profile == "matrix" and c.gpus == 1 for c in matrix)
+    assert {c.profile for c in e2e.all_cases()} == {"matrix", "retract", "soak", "text", "http", "eos", "radix",
+                                                    "seeded"}
     tp2 = [c for c in e2e.all_cases() if c.gpus == 2]
     assert {(c.algorithm, c.backend, c.pcg) for c in tp2} == {("EAGLE3", "triton", False),
                                                               ("STANDALONE", "flashinfer", True)}
     assert [c.name for c in e2e.all_cases() if c.server] == ["http-eagle3-triton-graph-nopcg"]
     assert len({c.name for c in e2e.all_cases()}) == len(e2e.all_cases())
+
+
+def test_groups_split_the_suite_and_the_fa3_set_covers_what_was_asked() -> None:
+    base, fa3 = e2e.select_cases(None, groups=["base"]), e2e.select_cases(None, groups=["fa3"])
+    assert sorted(c.name for c in base + fa3) == sorted(c.name for c in e2e.all_cases())
+    assert not {c.name for c in base} & {c.name for c in fa3}
+    assert not any(c.needs_fa3 for c in base)
+    by = {c.name: c for c in fa3}
+    assert {n for n in by if n.startswith("default-")} == {"default-standalone", "default-eagle3"}
+    assert all(by[n].backend == "default" and by[n].pcg for n in ("default-standalone", "default-eagle3"))
+    fa3_matrix = {(c.algorithm, c.cuda_graph, c.pcg) for c in fa3 if c.name.startswith("fa3-")}
+    assert {("STANDALONE", g, p) for g in (True, False) for p in (True, False)} | {("EAGLE3", True, True)} == fa3_matrix
+    assert {by[n].backend for n in by if n.startswith("page16-")} == {"triton", "fa3"}
+    assert all(dict(by[n].extra)["page_size"] == 16 for n in by if n.startswith("page16-"))
+    assert {by[n].profile for n in by if n[:n.index("-")] in ("eos", "radix", "seeded")} == {"eos", "radix", "seeded"}
+    assert all(dict(by[n].extra)["enable_deterministic_inference"] for n in by if n.startswith("seeded-"))
+    # patterns and groups together: their union, in suite order
+    both = e2e.select_cases(["retract-*"], groups=["fa3"])
+    assert [c.name for c in both] == ["retract-standalone-triton"] + [c.name for c in fa3]
+    with pytest.raises(ValueError):
+        e2e.select_cases(None, groups=["nope"])
 
 
 def test_select_and_shard() -> None:
@@ -50,11 +79,20 @@ def test_engine_kwargs_follow_the_case(tmp_path: Path) -> None:
     assert kw["speculative_algorithm"] == "EAGLE3" and kw["speculative_draft_model_path"].endswith("eagle3")
     assert kw["attention_backend"] == "flashinfer"
     assert kw["disable_cuda_graph"] is True and kw["disable_piecewise_cuda_graph"] is False
-    assert "cuda_graph_max_bs" not in kw
+    assert "cuda_graph_max_bs" not in kw and kw["piecewise_cuda_graph_max_tokens"] == 512
     retract = next(c for c in e2e.all_cases() if c.profile == "retract")
-    assert e2e.engine_kwargs(retract, tmp_path)["max_total_tokens"] == 8192
+    kw = e2e.engine_kwargs(retract, tmp_path)
+    assert kw["max_total_tokens"] == 8192 and kw["max_running_requests"] == 64 and kw["chunked_prefill_size"] == 512
     soak = next(c for c in e2e.all_cases() if c.profile == "soak")
     assert e2e.engine_kwargs(soak, tmp_path)["enable_deterministic_inference"] is True
+    # SGLang's own configuration: neither an attention backend nor a piecewise CUDA graph switch
+    default = e2e.engine_kwargs(next(c for c in e2e.all_cases() if c.name == "default-eagle3"), tmp_path)
+    assert "attention_backend" not in default and "disable_piecewise_cuda_graph" not in default
+    assert default["cuda_graph_max_bs"] == 64 and default["piecewise_cuda_graph_max_tokens"] == 512
+    fa3 = e2e.engine_kwargs(next(c for c in e2e.all_cases() if c.name == "fa3-standalone-graph-nopcg"), tmp_path)
+    assert fa3["attention_backend"] == "fa3" and fa3["disable_piecewise_cuda_graph"] is True
+    assert e2e.engine_kwargs(next(c for c in e2e.all_cases() if c.name == "page16-standalone-fa3"),
+                             tmp_path)["page_size"] == 16
 
 
 def test_workloads_are_deterministic_and_shaped_as_promised() -> None:
@@ -119,10 +157,18 @@ def test_memory_growth() -> None:
     assert e2e.memory_growth([[200, None], [400, None]])[0] is None
 
 
-def _fake_run(result: dict[str, Any] | None, *, applied=(), disabled=0, sched=(11,), calls=0, rc=0, retract=0):
+def _fake_run(result: dict[str, Any] | None, *, applied=(), disabled=0, sched=(11,), calls=0, rc=0, retract=0,
+              error=None):
     log = smoke.LogFindings(applied_pids=list(applied), applied_lines=len(applied), disabled_lines=disabled)
     probe = smoke.ProbeSummary([], list(sched), calls, calls, ["settrace"])
-    return {"returncode": rc, "wall_s": 1.0, "result": result, "log": log, "probe": probe, "retract_lines": retract}
+    return {"returncode": rc, "wall_s": 1.0, "result": result, "log": log, "probe": probe, "retract_lines": retract,
+            "error": error, "log_tail": "boom" if error else None}
+
+
+def _side(mode: str, res: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
+    """A stand-in run_engine's answer for a healthy stock (off) or patched Engine."""
+    off = mode == "off"
+    return _fake_run(res, applied=() if off else (10, 11), disabled=2 if off else 0, calls=3 if off else 0, **kw)
 
 
 def test_evaluate_case_requires_plugin_lines_probe_and_retraction() -> None:
@@ -147,9 +193,12 @@ class FakeEngine:
     """Answers like sglang.Engine for the calls the suite makes: greedy output is a function
     of the prompt; streaming yields cumulative output_ids; abort ends a stream early."""
 
+    EOS = 2
+
     def __init__(self) -> None:
         self.aborted: set[str] = set()
         self.tokenizer_manager = self
+        self.cache: list[list[int]] = []  # prompts seen: the "radix cache"
 
     def abort_request(self, rid: str) -> None:
         self.aborted.add(rid)
@@ -160,11 +209,20 @@ class FakeEngine:
         x = sum(prompt) % 97
         for _ in range(params["max_new_tokens"]):
             x = (x * 31 + 7) % 4093 + 3
-            out.append(x)
-            if not params.get("ignore_eos") and x in params.get("stop_token_ids", []):
-                finish = {"type": "stop", "matched": x}
+            t = FakeEngine.EOS if x % 211 == 7 else x  # EOS now and then, as the tiny models emit it
+            out.append(t)
+            if len(out) < params["max_new_tokens"] and not params.get("ignore_eos") and (
+                    t == FakeEngine.EOS or t in params.get("stop_token_ids", [])):
+                finish = {"type": "stop", "matched": t}
                 break
         return out, finish
+
+    def _cached(self, prompt: list[int]) -> int:
+        best = 0
+        for seen in self.cache:
+            n = next((k for k, (a, b) in enumerate(zip(seen, prompt)) if a != b), min(len(seen), len(prompt)))
+            best = max(best, min(n, len(prompt) - 1))
+        return best
 
     def generate(self, input_ids=None, prompt=None, sampling_params=None, return_logprob=False, top_logprobs_num=0):
         outs = []
@@ -177,7 +235,7 @@ class FakeEngine:
                     text = text[: text.index(s)]
                     out = [int(w[1:]) for w in text.split()]
                     finish = {"type": "stop", "matched": s}
-            meta = {"finish_reason": finish, "spec_accept_length": 2.0}
+            meta = {"finish_reason": finish, "spec_accept_length": 2.0, "cached_tokens": self._cached(ids)}
             if return_logprob:
                 meta["output_token_logprobs"] = [(-0.25, t, None) for t in out]
                 meta["output_top_logprobs"] = [[(-0.25, t, None)] * top_logprobs_num for t in out]
@@ -185,6 +243,7 @@ class FakeEngine:
             if prompt is not None:
                 o["text"] = text
             outs.append(o)
+        self.cache.extend(prompts)
         return outs
 
     async def async_generate(self, input_ids, sampling_params, stream=False, rid=None):
@@ -204,7 +263,7 @@ class FakeEngine:
         return gen()
 
 
-@pytest.mark.parametrize("profile", ["matrix", "soak", "text"])
+@pytest.mark.parametrize("profile", ["matrix", "soak", "text", "eos", "radix", "seeded"])
 def test_scenario_driver_against_a_stand_in_engine(profile: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(e2e, "_gpu_memory_mib", lambda pids: 1000)
     asyncio.set_event_loop(asyncio.new_event_loop())
@@ -231,6 +290,19 @@ def test_scenario_driver_against_a_stand_in_engine(profile: str, monkeypatch: py
         assert [n for n, _ in soak["memory_mib"]] == [200, 400]
     if profile == "text":
         assert all(o["finish"] == "stop" for o in runs[1]["text_stop"]["outputs"])
+    if profile == "eos":
+        search, churn = runs[1]["eos_search"], runs[1]["eos_churn"]
+        assert len(search["found"]) >= e2e.EOS_WANTED and len(search["outputs"]) < e2e.EOS_ROUND * e2e.EOS_MAX_ROUNDS
+        fc = churn["finish_counts"]
+        assert fc["eos"] == len(search["found"]) and fc["stop"] > 0 and fc["length"] > 0
+        assert sum(fc.values()) > 56  # more than may run at once: requests join as others finish
+        assert sum(fc.values()) == len(churn["outputs"]) == len(churn["stops"])
+    if profile == "radix":
+        assert all(o["cached"] >= e2e.RADIX_PREFIX for o in runs[1]["radix_round2"]["outputs"])
+    if profile == "seeded":
+        params = [p for sc in e2e.scenarios("seeded", 4096) for p in sc["sampling_params"]]
+        assert all(p["temperature"] == 0.8 and p["top_p"] == 0.9 for p in params)
+        assert len({p["sampling_seed"] for p in params if p["max_new_tokens"] == 64}) == 7
 
 
 def test_repeat_makes_named_copies() -> None:
@@ -282,7 +354,7 @@ def test_tp2_cases_are_skipped_on_one_gpu_and_engines_spread_over_several(tmp_pa
     assert by["eagle3-triton-graph-nopcg"].passed and not by["eagle3-triton-graph-nopcg"].skipped
     assert set(placed) == {("eagle3-triton-graph-nopcg", "stock"), ("eagle3-triton-graph-nopcg", "patched")}
     report = e2e.format_report([e2e.case_summary(r) for r in one])
-    assert "SKIPPED tp2-eagle3-triton-graph-nopcg" in report and report.endswith("1/1 cases, 1 skipped")
+    assert "SKIPPED tp2-eagle3-triton-graph-nopcg" in report and report.endswith("1/1 cases passed, 1 skipped")
 
     placed.clear()
     two = e2e.run_cases(cases, tmp_path, tmp_path, jobs=4, timeout=1, stagger_s=0, soak_requests=10,
@@ -447,9 +519,138 @@ def test_run_cases_reruns_stock_once_on_a_mismatch(tmp_path: Path, monkeypatch: 
     assert "passed on a second stock run" in record
 
 
-def test_server_port_leaves_room_for_sglangs_derived_grpc_port() -> None:
-    import random
+# ----------------------------------------------------------------------------- ports, harness errors, FA3
 
-    rng = random.Random(3)
-    ports = {e2e._free_port(rng) for _ in range(20)}
-    assert all(20000 <= p < 45000 and p + 10000 <= 65535 for p in ports) and len(ports) > 1
+
+def _models(tmp_path: Path) -> Path:
+    (tmp_path / "target").mkdir(exist_ok=True)
+    (tmp_path / "target" / "config.json").write_text('{"vocab_size": 4096, "eos_token_id": 2}')
+    return tmp_path
+
+
+def test_every_engine_of_a_run_gets_ports_no_other_engine_uses(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config):
+        seen[(case.name, mode_name)] = (spec["engine_kwargs"], spec["ports"])
+        res = {"pid": 10, "scenarios": {sc["name"]: {"outputs": []} for sc in spec["scenarios"]}}
+        if case.profile == "retract":
+            outs = [_rec([7] * 300) for _ in spec["scenarios"][0]["input_ids"]]
+            if mode_name == "patched":
+                outs[0] = _rec([7] * 299 + [8])  # a mismatch: the stock rerun needs ports of its own too
+            res["scenarios"]["retract"]["outputs"] = outs
+        return _side(mode, res, retract=1)
+
+    monkeypatch.setattr(e2e, "run_engine", fake_run_engine)
+    cases = e2e.select_cases(["retract-*", "eagle3-triton-*", "http-*"])
+    e2e.run_cases(cases, _models(tmp_path), tmp_path, jobs=6, timeout=1, stagger_s=0, soak_requests=10, fa3=True)
+    assert ("retract-standalone-triton", "stock-rerun") in seen and len(seen) == 2 * len(cases) + 1
+    blocks = []
+    for (name, mode), (kw, ports) in seen.items():
+        assert (kw["port"], kw["nccl_port"]) == (ports["port"], ports["nccl_port"]), (name, mode)
+        blocks.append(set(range(ports["base"], ports["base"] + ge.PORT_BLOCK)))
+        assert {kw["port"], kw["nccl_port"], ports["sglang_port"]} <= blocks[-1]
+    assert sum(len(b) for b in blocks) == len(set().union(*blocks))  # pairwise disjoint
+    http = seen[("http-eagle3-triton-graph-nopcg", "stock")][0]
+    argv = e2e.server_argv(http, http["port"])
+    assert argv.count("--port") == 1 and argv[-1] == str(http["port"]) and "--nccl-port" in argv
+    assert http["port"] + ge.GRPC_OFFSET <= 65535  # SGLang checks its derived gRPC port at start-up
+
+
+def test_an_engine_that_did_not_start_is_a_harness_error_not_a_mismatch(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real run_engine, with a stand-in for the worker process: the patched Engine of one
+    case dies at start (EADDRINUSE), that of another after its first scenario."""
+    def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
+        names = [sc["name"] for sc in spec["scenarios"]]
+        full = {"pid": 10, "startup_s": 1.0, "scenarios": {n: {"outputs": [_rec([5, 6])]} for n in names}}
+        if name == "retract-standalone-triton-patched":
+            return 1, 3.0, None, "Traceback...\ntorch.distributed.DistStoreError: EADDRINUSE\n"
+        if name == "eagle3-triton-graph-nopcg-patched":
+            part = dict(full, scenarios={names[0]: full["scenarios"][names[0]]})
+            return -9, 30.0, part, "scenario bs1: ok\n[gpu_e2e] killed after 30 s\n"
+        return 0, 5.0, full, ""
+
+    monkeypatch.setattr(ge, "run_worker", fake_worker)
+    cases = e2e.select_cases(["retract-*", "eagle3-triton-graph-nopcg", "eagle3-triton-graph-pcg"])
+    results = e2e.run_cases(cases, _models(tmp_path), tmp_path, jobs=4, timeout=1, stagger_s=0, soak_requests=10,
+                            fa3=True)
+    by = {r.case.name: r for r in results}
+    dead, killed = by["retract-standalone-triton"], by["eagle3-triton-graph-nopcg"]
+    assert dead.status == "error" and not dead.checks and "stock-rerun" not in dead.runs
+    assert dead.errors == {"patched": "exit status 1; no result"}
+    assert killed.status == "error" and killed.errors["patched"].startswith("killed at the time limit; stopped before 'bs7'")
+    assert by["eagle3-triton-graph-pcg"].status != "error"  # both ran to the end: judged on its checks
+    summaries = [e2e.case_summary(r) for r in results]
+    report = e2e.format_report(summaries, fa3=False)
+    assert report.startswith(ge.fa3_line(False))
+    assert "ERROR   retract-standalone-triton: harness error, no comparison made" in report
+    assert "      | torch.distributed.DistStoreError: EADDRINUSE" in report
+    assert "outputs identical" not in report.split("ERROR   eagle3-triton-graph-nopcg")[1].split("\n")[1]
+    assert "2 harness errors (an Engine did not run to the end)" in report.splitlines()[-1]
+    record = e2e.merge_record_from_docs([{"environment": {"date": "2026-11-23", "command": "x", "wall_s": 1,
+                                                          "fa3": False}, "cases": summaries}])
+    assert "| retract-standalone-triton | **ERROR** |" in record and "harness error: patched: exit status 1" in record
+    assert "2 harness errors" in record and "| FA3 | false |" in record
+
+
+def test_cases_that_need_fa3_are_skipped_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config):
+        ran.append(case.name)
+        res = {"pid": 10, "scenarios": {sc["name"]: {"outputs": []} for sc in spec["scenarios"]}}
+        return _side(mode, res)
+
+    monkeypatch.setattr(e2e, "run_engine", fake_run_engine)
+    cases = e2e.select_cases(["default-*", "page16-*", "fa3-eagle3-*"])
+    results = e2e.run_cases(cases, _models(tmp_path), tmp_path, jobs=2, timeout=1, stagger_s=0, soak_requests=10,
+                            fa3=False)
+    assert set(ran) == {"page16-eagle3-triton"}
+    skipped = {r.case.name: r.skipped for r in results if r.status == "skipped"}
+    assert set(skipped) == {"default-standalone", "default-eagle3", "page16-standalone-fa3", "fa3-eagle3-graph-pcg"}
+    assert all(why.startswith(ge.NO_FA3) for why in skipped.values())
+    report = e2e.format_report([e2e.case_summary(r) for r in results], fa3=False)
+    assert report.endswith("1/1 cases passed, 4 skipped (4 for no FA3)")
+    monkeypatch.setenv(ge.FA3_ENV, "1")
+    assert ge.fa3_available() is True
+    monkeypatch.setenv(ge.FA3_ENV, "0")
+    assert ge.fa3_available() is False
+
+
+def test_finish_kinds_and_the_eos_churn_request_mix() -> None:
+    assert e2e.finish_kind({"finish": "stop", "matched": 2}, [2]) == "eos"
+    assert e2e.finish_kind({"finish": "stop", "matched": 77}, [2]) == "stop"
+    assert e2e.finish_kind({"finish": "length"}, [2]) == "length"
+    assert e2e.finish_counts([_rec([1]), {"output_ids": [2], "finish": "stop", "matched": 2}, None], [2]) == {
+        "length": 1, "eos": 1}
+    sc = {"name": "eos_churn", "kind": "eos_churn", "source": "eos_search", "stop_requests": 3, "length_requests": 4,
+          "seed": 1}
+    outs = [list(range(10 + k, 90 + k)) for k in range(10)]
+    outs[4][30] = 2
+    search = {"scenario": {"max_new_tokens": 80, "eos_ids": [2]}, "found": [4], "prompts": [[k] for k in range(10)],
+              "outputs": [{"output_ids": o} for o in outs]}
+    prompts, params, stops = e2e.eos_churn_requests(sc, search)
+    assert sorted(p[0] for p in prompts) == list(range(8))  # the EOS one, 3 stop, 4 length
+    by = {p[0]: (q, st) for p, q, st in zip(prompts, params, stops)}
+    assert by[4] == ({"temperature": 0.0, "max_new_tokens": 80, "ignore_eos": False}, None)
+    assert [by[k][1] for k in (0, 1, 2)] == [outs[0][4], outs[1][9], outs[2][14]]
+    assert all(by[k][0]["max_new_tokens"] < 80 and by[k][1] is None for k in (3, 5, 6, 7))
+    assert prompts == e2e.eos_churn_requests(sc, search)[0]  # a fixed order
+
+
+def test_radix_and_eos_checks() -> None:
+    r2 = next(sc for sc in e2e.scenarios("radix", 4096) if sc["name"] == "radix_round2")
+    assert all(len(p) > e2e.RADIX_PREFIX for p in r2["input_ids"]) and r2["expect_cached"]
+    assert len({tuple(p[:e2e.RADIX_PREFIX]) for p in r2["input_ids"]}) == 1
+    hit = {"outputs": [dict(_rec([1, 2]), cached=1500)] * len(r2["input_ids"])}
+    miss = {"outputs": [dict(_rec([1, 2]), cached=0)] + hit["outputs"][1:]}
+    r2 = dict(r2, sampling_params=[{"max_new_tokens": 2, "ignore_eos": True}] * len(r2["input_ids"]))
+    assert all(c.ok for c in e2e.compare_scenario(r2, hit, hit))
+    bad = [c for c in e2e.compare_scenario(r2, hit, miss) if not c.ok]
+    assert [c.name for c in bad] == ["radix_round2: prefix served from the radix cache"]
+    search = next(sc for sc in e2e.scenarios("eos", 4096) if sc["kind"] == "eos_search")
+    none = {"outputs": [_rec([5])], "found": []}
+    (check,) = [c for c in e2e.compare_scenario(search, none, none) if "EOS" in c.name]
+    assert not check.ok and "outputs holding EOS [2]: {'stock': 0, 'patched': 0} of 1 requests" in check.detail

@@ -1,8 +1,11 @@
 """GPU end-to-end suite (stock vs. patched SGLang over the spec-v2 matrix): scripts/gpu_e2e.py.
 
 Skipped unless a CUDA GPU, SGLang and the installed plugin are all present (the reason comes
-from the smoke test's check). Starts 44 SGLang Engines (the two TP=2 cases are reported as
-skipped on a one-GPU machine), 12 at a time: about 5-10 minutes on one H100/H200. ``SGLANG_FUTUREMAP_E2E_CASES`` (space-separated patterns) narrows it down.
+from the smoke test's check). By default the ``base`` group: 44 SGLang Engines (the two TP=2
+cases are reported as skipped on a one-GPU machine), 12 at a time, about 5-10 minutes on one
+H100/H200. ``SGLANG_FUTUREMAP_E2E_GROUPS`` (space-separated: base, matrix, fa3) and
+``SGLANG_FUTUREMAP_E2E_CASES`` (space-separated patterns) choose others; without FA3 the cases
+that need it are reported as skipped, and the report's first line says whether FA3 was there.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from test_gpu_smoke import _REASON, import_script
 def test_gpu_e2e(tmp_path: Path) -> None:
     gpu_e2e = import_script("gpu_e2e")
     cases = os.environ.get("SGLANG_FUTUREMAP_E2E_CASES", "").split()
-    argv = ["--out", str(tmp_path), "--jobs", "12", "--timeout", "300"] + (["--cases", *cases] if cases else [])
+    groups = os.environ.get("SGLANG_FUTUREMAP_E2E_GROUPS", "" if cases else "base").split()
+    argv = ["--out", str(tmp_path), "--jobs", "12", "--timeout", "300", "--tag", "pytest"]
+    argv += (["--cases", *cases] if cases else []) + (["--group", *groups] if groups else [])
     rc = gpu_e2e.main(argv)
-    report = (tmp_path / "e2e-all.txt").read_text() if (tmp_path / "e2e-all.txt").exists() else "(no report)"
-    assert rc == 0, report
+    report = tmp_path / "e2e-pytest.txt"
+    assert rc == 0, report.read_text() if report.exists() else "(no report)"

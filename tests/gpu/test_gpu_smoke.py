@@ -1,4 +1,5 @@
-"""GPU smoke test (stock vs. patched SGLang, token for token): runs scripts/gpu_smoke.py.
+"""GPU smoke test (stock vs. patched SGLang, token for token): runs scripts/gpu_smoke.py, with
+Triton and, where FA3 imports, in SGLang's default configuration (FA3 + piecewise CUDA graph).
 
 Skipped unless a CUDA GPU, SGLang and the installed plugin (its ``sglang.srt.plugins``
 entry point) are all present. It starts two SGLang engines (a few minutes).
@@ -54,3 +55,22 @@ def test_gpu_smoke(tmp_path: Path) -> None:
     gpu_smoke = import_script("gpu_smoke")
     rc = gpu_smoke.main(["--log-dir", str(tmp_path / "logs"), "--out-json", str(tmp_path / "smoke.json")])
     assert rc == 0, f"GPU smoke failed: see {tmp_path / 'smoke.json'} and the logs in {tmp_path / 'logs'}"
+
+
+def _fa3_missing() -> str | None:
+    if _REASON is not None:
+        return _REASON
+    if not import_script("gpu_engine").fa3_available():
+        return "skipped (no FA3): sgl_kernel.flash_ops does not import here"
+    return None
+
+
+@pytest.mark.skipif(_fa3_missing() is not None, reason=_fa3_missing() or "")
+def test_gpu_smoke_default_configuration(tmp_path: Path) -> None:
+    """SGLang's own configuration on H100/H200 (no attention backend given: FA3, piecewise CUDA
+    graph on), with the host-sync probe."""
+    gpu_smoke = import_script("gpu_smoke")
+    out = tmp_path / "smoke.json"
+    rc = gpu_smoke.main(["--attention-backend", "default", "--sync-probe", "--log-dir", str(tmp_path / "logs"),
+                         "--out-json", str(out)])
+    assert rc == 0, f"GPU smoke (default configuration) failed: see {out} and the logs in {tmp_path / 'logs'}"
