@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Decode benchmark: stock SGLang 0.5.12.post1 vs. sglang_futuremap_patch (issue 6).
+"""Decode benchmark: stock SGLang 0.5.12.post1 vs. sglang_futuremap_patch (issue 6), and
+upstream SGLang 0.5.13 as a third column.
 
 Spec v2 (overlap scheduler), STANDALONE speculative decoding, 3 steps, topk 1, 4 draft
 tokens, greedy, ``ignore_eos``, dummy weights (``load_format="dummy"``, config.json only).
@@ -13,11 +14,26 @@ Cases are (model, backend):
             ``triton-pcg``   -- triton attention, piecewise CUDA graph on (SGLang's default
                                 in 0.5.12.post1: ``disable_piecewise_cuda_graph=False``);
             ``flashinfer``   -- flashinfer attention, piecewise CUDA graph off;
-            ``flashinfer-pcg`` -- flashinfer attention, piecewise CUDA graph on.
+            ``flashinfer-pcg`` -- flashinfer attention, piecewise CUDA graph on;
+            ``default``      -- no attention backend and nothing about piecewise CUDA graph
+                                passed: what SGLang picks (FA3 + PCG on H100/H200); the
+                                backend it used is read from its server args / log;
+            ``fa3-pcg``, ``fa3-nopcg`` -- FA3 with piecewise CUDA graph on / off.
+            ``default`` and ``fa3-*`` need FA3 (``sgl_kernel.flash_ops``): without it their
+            rows are skipped (no FA3), with a line. Their PCG capture limit is
+            ``PCG_MAX_TOKENS`` unless ``--pcg-max-tokens``.
+* prompt length: ``--prompt-len`` (default 64); a longer one makes a case of its own (e.g.
+  ``8b/default prompt 8192``, the long-context row) and the model's context length grows to
+  fit (``context_needed``).
 
 For every case the variants run alternately, each Engine in its own subprocess (its own
-process group), so no plugin state leaks: stock, patched, stock, patched, ... (``--reps``).
-``stock`` = ``SGLANG_FUTUREMAP_PATCH=off``, ``patched`` = ``strict``. Inside one Engine:
+process group and its own ports), so no plugin state leaks: stock, patched, stock, patched,
+... (``--reps``). ``stock`` = ``SGLANG_FUTUREMAP_PATCH=off``, ``patched`` = ``strict``;
+``--variants stock,patched,upstream`` adds ``upstream``: stock SGLang of a second bundle (0.5.13,
+which ships the publish/stash design), its site folder (``--upstream-site``, default
+``$SGLANG_UPSTREAM_SITE`` or ``/tmp/site312-0.5.13``) in place of the current SGLang on
+``PYTHONPATH``; where that folder holds no SGLang the variant is skipped with a line. Ratios
+are each variant's against stock. Inside one Engine:
 a warm-up per batch size, then for each batch size ``bs`` and each of ``--trials`` trials:
 
 * a prefill-only request set (``bs`` fresh prompts, ``max_new_tokens=1``), timed: ``t1``;
@@ -53,8 +69,12 @@ Extra passes, per case:
   patched. cProfile slows the Python loop, so this says where time goes, not how fast.
 
 Every Engine's log is scanned for the plugin's startup lines (``applied`` in the scheduler
-process for patched, ``disabled`` for stock); a run that fails the check is kept in the
-JSON but left out of the medians. The JSON (``--out``) is rewritten after every Engine run,
+process for patched, ``disabled`` for stock, none and the site's SGLang version for
+upstream); a run that fails the check is kept in the JSON but left out of the medians. An
+Engine that did not start or did not finish is a harness error (``error`` in its run, with
+the end of its log), counted apart from those. Every case records what its Engines ran
+(``summary.config``: backend, piecewise CUDA graph, page size, SGLang version, GPU per
+variant) and the JSON whether FA3 was there (``fa3``). The JSON (``--out``) is rewritten after every Engine run,
 so a run cut short by the device's time limit keeps what it has; ``--deadline-s`` stops
 starting Engines that would not finish in time.
 
@@ -71,10 +91,8 @@ import os
 import random
 import shlex
 import shutil
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -83,28 +101,35 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import gpu_engine as ge  # noqa: E402  (ports, environment, launch, variants, FA3: shared by every harness)
+
 SCHEMA = "bench_spec_v2/1"
-ENV_MODE = "SGLANG_FUTUREMAP_PATCH"
-VARIANTS: tuple[tuple[str, str], ...] = (("stock", "off"), ("patched", "strict"))
+ENV_MODE = ge.ENV_MODE
 SYNC_PROBE_ENV = "BENCH_SYNC_PROBE_DIR"
 SYNC_PHASE_FILE = "phase.txt"
-SCHEDULER_TITLE = "sglang::scheduler"
+SCHEDULER_TITLE = ge.SCHEDULER_TITLE
 DECODE_MODES = frozenset({"DECODE", "TARGET_VERIFY"})
 
-SPEC = {
-    "speculative_algorithm": "STANDALONE",
-    "speculative_num_steps": 3,
-    "speculative_eagle_topk": 1,
-    "speculative_num_draft_tokens": 4,
-}
+SPEC = {"speculative_algorithm": "STANDALONE", **ge.SPEC_STEPS}
 
-# (attention backend, piecewise CUDA graph on?)
-BACKENDS: dict[str, tuple[str, bool]] = {
+# (attention backend, piecewise CUDA graph on?); None: not passed, SGLang decides (on
+# H100/H200: FA3, piecewise CUDA graph on).
+BACKENDS: dict[str, tuple[str | None, bool | None]] = {
     "triton-nopcg": ("triton", False),
     "triton-pcg": ("triton", True),
     "flashinfer": ("flashinfer", False),
     "flashinfer-pcg": ("flashinfer", True),
+    "default": (None, None),
+    "fa3-pcg": ("fa3", True),
+    "fa3-nopcg": ("fa3", False),
 }
+#: piecewise_cuda_graph_max_tokens when --pcg-max-tokens is not given: small captures for the
+#: FA3 rows (a shorter torch.compile at start-up; decode never runs piecewise graphs). The
+#: Triton/FlashInfer PCG rows keep SGLang's default, as in the earlier records.
+PCG_MAX_TOKENS = {"default": 512, "fa3-pcg": 512}
 MODELS = ("tiny", "8b")
 MEM_FRACTION = {"tiny": 0.3, "8b": 0.55}
 # First guess of one Engine run's wall time (start + work + shutdown), seconds, before any
@@ -117,12 +142,12 @@ FIRST_GUESS_S = {
 }
 
 
+def backend_pcg(backend: str) -> bool:
+    """Whether a backend runs piecewise CUDA graph (``default``: SGLang's default, on)."""
+    return BACKENDS[backend][1] is not False
+
+
 # ============================================================================ pure helpers
-
-
-def _scripts_on_path() -> None:
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -147,23 +172,33 @@ def parse_name_list(text: str, allowed: Iterable[str]) -> list[str]:
     return out
 
 
-def model_configs(model: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(target config.json, draft config.json or None for draft = target)."""
-    _scripts_on_path()
+def model_configs(model: str, max_positions: int = 4096) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(target config.json, draft config.json or None for draft = target); ``max_positions``:
+    the context length the Engine may serve (prompt + new tokens)."""
     from make_tiny_models import llama_config
 
     if model == "tiny":
-        return llama_config(), None
+        return llama_config(max_position_embeddings=max_positions), None
     if model == "8b":
         shape = dict(hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, head_dim=128,
-                     vocab_size=32000, max_position_embeddings=4096, rope_theta=500000.0)
+                     vocab_size=32000, max_position_embeddings=max_positions, rope_theta=500000.0)
         return llama_config(num_layers=32, **shape), llama_config(num_layers=1, **shape)
     raise ValueError(f"unknown model {model!r}")
 
 
-def write_model_dirs(model: str, root: Path) -> tuple[str, str]:
+def context_needed(prompt_len: int, *new_tokens: int) -> int:
+    """``max_position_embeddings`` for prompts of ``prompt_len`` and the longest generation:
+    4096 (the models' own) unless more is needed, then the next power of two."""
+    need = prompt_len + max(new_tokens, default=0) + 64
+    size = 4096
+    while size < need:
+        size *= 2
+    return size
+
+
+def write_model_dirs(model: str, root: Path, max_positions: int = 4096) -> tuple[str, str]:
     """config.json-only model directories (dummy weights); returns (target, draft) paths."""
-    tcfg, dcfg = model_configs(model)
+    tcfg, dcfg = model_configs(model, max_positions)
     tdir = root / model / "target"
     tdir.mkdir(parents=True, exist_ok=True)
     (tdir / "config.json").write_text(json.dumps(tcfg, indent=1) + "\n")
@@ -180,26 +215,13 @@ def engine_kwargs(model: str, backend: str, target: str, draft: str, batch_sizes
                   seed: int = 0, log_level: str = "info") -> dict[str, Any]:
     attn, pcg = BACKENDS[backend]
     bss = sorted(set(int(b) for b in batch_sizes))
-    kw: dict[str, Any] = {
-        "model_path": target,
-        "speculative_draft_model_path": draft,
-        **SPEC,
-        "attention_backend": attn,
-        "sampling_backend": "pytorch",
-        "grammar_backend": "none",
-        "skip_tokenizer_init": True,
-        "load_format": "dummy",
-        "disable_piecewise_cuda_graph": not pcg,
-        "disable_cuda_graph": False,
-        "cuda_graph_bs": bss,
-        "cuda_graph_max_bs": max(bss),
-        "mem_fraction_static": mem_fraction if mem_fraction is not None else MEM_FRACTION[model],
-        "log_level": log_level,
-        "random_seed": seed,
-    }
-    if pcg and pcg_max_tokens:
-        kw["piecewise_cuda_graph_max_tokens"] = int(pcg_max_tokens)
-    return kw
+    if pcg_max_tokens is None:
+        pcg_max_tokens = PCG_MAX_TOKENS.get(backend)
+    return ge.spec_engine_kwargs(
+        target, draft, algorithm=SPEC["speculative_algorithm"], backend=attn, cuda_graph=True, pcg=pcg,
+        mem_fraction=mem_fraction if mem_fraction is not None else MEM_FRACTION[model], seed=seed,
+        cuda_graph_max_bs=max(bss), pcg_max_tokens=pcg_max_tokens if backend_pcg(backend) else None,
+        log_level=log_level, load_format="dummy", cuda_graph_bs=bss)
 
 
 def make_prompts(bs: int, prompt_len: int, vocab: int, *, tag: str, seed: int = 6) -> list[list[int]]:
@@ -280,8 +302,14 @@ def run_bs_value(run: dict[str, Any], bs: int, key: str) -> float | None:
     return _med(t.get(key) for t in b.get("trials", []))
 
 
-def case_key(model: str, backend: str) -> str:
-    return f"{model}/{backend}"
+DEFAULT_PROMPT_LEN = 64
+
+
+def case_name(case: dict[str, Any]) -> str:
+    """``8b/default``, or ``8b/default prompt 8192`` for a case with other than the default
+    prompt length (the long-context row)."""
+    plen = case.get("prompt_len") or DEFAULT_PROMPT_LEN
+    return f"{case['model']}/{case['backend']}" + (f" prompt {plen}" if plen != DEFAULT_PROMPT_LEN else "")
 
 
 def timed_runs(case: dict[str, Any], variant: str) -> list[dict[str, Any]]:
@@ -358,56 +386,75 @@ def compare_host(stock: dict[str, Any] | None, patched: dict[str, Any] | None, b
     }
 
 
+def case_variants(case: dict[str, Any]) -> list[str]:
+    """stock and patched, then upstream where the case has anything of it."""
+    seen = {r.get("variant") for r in case.get("runs", [])} | set(case.get("probe") or {}) | set(
+        case.get("profile") or {})
+    return ["stock", "patched"] + [v for v in ge.VARIANT_NAMES[2:] if v in seen]
+
+
+def case_config(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per variant, what its Engines really ran: the attention backend (``default``: the one
+    SGLang picked, from its server args or its log), piecewise CUDA graph, page size, SGLang
+    version and GPU (the first run that reported them)."""
+    requested = BACKENDS.get(case.get("backend", ""), (None, None))[0] or "default"
+    out: dict[str, dict[str, Any]] = {}
+    for r in sorted(case.get("runs", []), key=lambda r: not r.get("valid")):
+        res = r.get("result") or {}
+        v = r.get("variant")
+        if v in out or not (res.get("effective") or res.get("sglang_version")):
+            continue
+        eff = dict(res.get("effective") or {})
+        if not eff.get("attention_backend") and r.get("log_backend"):
+            eff["attention_backend"] = r["log_backend"]
+        out[v] = {"config": ge.config_label(eff, requested_backend=requested), "attention_backend":
+                  eff.get("attention_backend"), "pcg": None if eff.get("disable_piecewise_cuda_graph") is None
+                  else not eff["disable_piecewise_cuda_graph"], "page_size": eff.get("page_size"),
+                  "sglang_version": res.get("sglang_version"), "gpu": res.get("gpu")}
+    return out
+
+
 def summarize_case(case: dict[str, Any]) -> dict[str, Any]:
-    """Medians, spreads and ratios per batch size, from the raw runs of one case."""
+    """Medians, spreads and ratios (each variant against stock) per batch size, from the raw
+    runs of one case."""
     bss = sorted({int(b) for r in case.get("runs", []) for b in ((r.get("result") or {}).get("batches") or {})})
-    stock, patched = timed_runs(case, "stock"), timed_runs(case, "patched")
-    out: dict[str, Any] = {"batch_sizes": bss, "n_runs": {"stock": len(stock), "patched": len(patched)},
+    variants = case_variants(case)
+    timed = {v: timed_runs(case, v) for v in variants}
+    out: dict[str, Any] = {"batch_sizes": bss, "variants": variants, "n_runs": {v: len(timed[v]) for v in variants},
                            "invalid_runs": sum(1 for r in case.get("runs", []) if not r.get("valid")),
-                           "by_bs": {}}
+                           "error_runs": sum(1 for r in case.get("runs", []) if r.get("error")),
+                           "config": case_config(case), "by_bs": {}}
+    probes, prof, host = case.get("probe") or {}, case.get("profile") or {}, case.get("host") or {}
     for bs in bss:
         row: dict[str, Any] = {}
-        for name, runs in (("stock", stock), ("patched", patched)):
+        for name in variants:
             row[name] = {
-                key: spread(run_bs_value(r, bs, key) for r in runs)
+                key: spread(run_bs_value(r, bs, key) for r in timed[name])
                 for key in ("decode_tok_s", "tpot_ms", "accept_length", "e2e_tok_s")
             }
         s_med = (row["stock"]["decode_tok_s"] or {}).get("median")
-        p_med = (row["patched"]["decode_tok_s"] or {}).get("median")
-        row["ratio"] = (p_med / s_med) if s_med and p_med else None
-        # Paired ratios: the k-th patched run against the k-th stock run of the same source
-        # (they ran back to back, so slow drift of the machine cancels).
-        s_by = {_rep_id(r): run_bs_value(r, bs, "decode_tok_s") for r in stock}
-        pairs = []
-        for r in patched:
-            s = s_by.get(_rep_id(r))
-            p = run_bs_value(r, bs, "decode_tok_s")
-            if s and p:
-                pairs.append(p / s)
-        row["paired_ratio"] = spread(pairs)
-        probes = case.get("probe") or {}
-        ps = summarize_probe_block(probes.get("stock"), bs)
-        pp = summarize_probe_block(probes.get("patched"), bs)
-        row["blocked_ms_per_iter"] = {"stock": (ps or {}).get("blocked_ms_per_iter"),
-                                      "patched": (pp or {}).get("blocked_ms_per_iter")}
-        row["verify_done_ms_per_iter"] = {"stock": (ps or {}).get("verify_done_ms_per_iter"),
-                                          "patched": (pp or {}).get("verify_done_ms_per_iter")}
-        row["syncs_per_iter"] = {"stock": (ps or {}).get("syncs_per_iter"),
-                                 "patched": (pp or {}).get("syncs_per_iter")}
-        row["seq_lens_syncs_per_iter"] = {"stock": (ps or {}).get("seq_lens_syncs_per_iter"),
-                                          "patched": (pp or {}).get("seq_lens_syncs_per_iter")}
+        s_by = {_rep_id(r): run_bs_value(r, bs, "decode_tok_s") for r in timed["stock"]}
+        row["ratios"], row["paired_ratios"] = {}, {}
+        for name in variants[1:]:
+            v_med = (row[name]["decode_tok_s"] or {}).get("median")
+            row["ratios"][name] = (v_med / s_med) if s_med and v_med else None
+            # Paired ratios: the k-th run against the k-th stock run of the same source (they
+            # ran back to back, so slow drift of the machine cancels).
+            pairs = []
+            for r in timed[name]:
+                st, val = s_by.get(_rep_id(r)), run_bs_value(r, bs, "decode_tok_s")
+                if st and val:
+                    pairs.append(val / st)
+            row["paired_ratios"][name] = spread(pairs)
+        row["ratio"], row["paired_ratio"] = row["ratios"]["patched"], row["paired_ratios"]["patched"]
+        blocks = {v: summarize_probe_block(probes.get(v), bs) or {} for v in variants}
+        for key in ("blocked_ms_per_iter", "verify_done_ms_per_iter", "syncs_per_iter", "seq_lens_syncs_per_iter"):
+            row[key] = {v: blocks[v].get(key) for v in variants}
         bs_, bp_ = row["blocked_ms_per_iter"]["stock"], row["blocked_ms_per_iter"]["patched"]
         row["blocked_reduction"] = (1.0 - bp_ / bs_) if bs_ and bp_ is not None and bs_ > 0 else None
-        prof = case.get("profile") or {}
-        row["idle_fraction"] = {
-            v: _med(p.get("idle_fraction") for p in prof.get(v, []) if int(p.get("bs", -1)) == bs)
-            for v in ("stock", "patched")
-        }
-        row["gpu_busy_us_per_iter"] = {
-            v: _med(p.get("busy_us_per_iter") for p in prof.get(v, []) if int(p.get("bs", -1)) == bs)
-            for v in ("stock", "patched")
-        }
-        host = case.get("host") or {}
+        for key, field in (("idle_fraction", "idle_fraction"), ("gpu_busy_us_per_iter", "busy_us_per_iter")):
+            row[key] = {v: _med(p.get(field) for p in prof.get(v, []) if int(p.get("bs", -1)) == bs)
+                        for v in variants}
         row["host"] = compare_host(host.get("stock"), host.get("patched"), bs)
         out["by_bs"][str(bs)] = row
     return out
@@ -426,7 +473,7 @@ def evaluate_targets(cases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         summ = case.get("summary") or summarize_case(case)
         for bs_s, row in summ["by_bs"].items():
             bs = int(bs_s)
-            name = f"{case['model']}/{case['backend']} bs {bs}"
+            name = f"{case_name(case)} bs {bs}"
             ratio = row.get("ratio")
             if case["backend"] == "triton-nopcg" and bs == 1:
                 goal, label = TARGET_BS1, "decode tok/s ratio >= 1.10"
@@ -558,7 +605,6 @@ def load_trace(path: Path) -> dict[str, Any]:
 
 
 def scan_plugin_log(text: str) -> dict[str, Any]:
-    _scripts_on_path()
     from gpu_smoke import scan_log
 
     f = scan_log(text)
@@ -566,8 +612,14 @@ def scan_plugin_log(text: str) -> dict[str, Any]:
             "bad_lines": f.bad_lines[:10]}
 
 
-def run_validity(variant: str, log: dict[str, Any], scheduler_pids: Sequence[int], main_pid: int | None) -> tuple[bool, str]:
-    """Was the plugin really off (stock) / on in every process (patched)?"""
+def run_validity(variant: str, log: dict[str, Any], scheduler_pids: Sequence[int], main_pid: int | None, *,
+                 version: str | None = None, expected_version: str | None = None) -> tuple[bool, str]:
+    """Was the plugin really off (stock) / on in every process (patched) / absent, with the
+    SGLang of its own site (upstream)?"""
+    if variant == "upstream":
+        ok = log["applied_lines"] == 0 and not log["bad_lines"] and version is not None and version == expected_version
+        return ok, (f"SGLang {version} (site has {expected_version}); {log['applied_lines']} applied lines"
+                    + (f"; bad lines: {log['bad_lines'][:2]}" if log["bad_lines"] else ""))
     if variant == "stock":
         ok = log["applied_lines"] == 0 and log["disabled_lines"] >= 1 and not log["bad_lines"]
         return ok, f"{log['disabled_lines']} disabled / {log['applied_lines']} applied lines"
@@ -713,27 +765,30 @@ def new_doc(command: str, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def get_case(doc: dict[str, Any], model: str, backend: str) -> dict[str, Any]:
+def get_case(doc: dict[str, Any], model: str, backend: str, prompt_len: int | None = None) -> dict[str, Any]:
+    """The case of (model, backend, prompt length) in ``doc``, made when missing."""
+    plen = prompt_len or DEFAULT_PROMPT_LEN
     for c in doc["cases"]:
-        if c["model"] == model and c["backend"] == backend:
+        if c["model"] == model and c["backend"] == backend and (c.get("prompt_len") or DEFAULT_PROMPT_LEN) == plen:
             return c
-    c = {"model": model, "backend": backend, "engine_kwargs": None, "runs": [], "probe": {}, "profile": {},
-         "host": {}}
+    c = {"model": model, "backend": backend, "prompt_len": plen, "engine_kwargs": None, "runs": [], "probe": {},
+         "profile": {}, "host": {}, "skipped": []}
     doc["cases"].append(c)
     return c
 
 
 def merge_docs(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Merge result files: cases by (model, backend); runs concatenated, tagged with their
-    source; probe results from the later file win; profiles concatenated."""
+    """Merge result files: cases by (model, backend, prompt length); runs concatenated, tagged
+    with their source; probe results from the later file win; profiles concatenated."""
     merged: dict[str, Any] = {"schema": SCHEMA, "sources": [], "cases": []}
     for i, doc in enumerate(docs):
-        src = {k: doc.get(k) for k in ("date", "host", "command", "config", "env")}
+        src = {k: doc.get(k) for k in ("date", "host", "command", "config", "env", "fa3")}
         src["index"] = i
         src["path"] = doc.get("_path")
         merged["sources"].append(src)
         for case in doc.get("cases", []):
-            m = get_case(merged, case["model"], case["backend"])
+            m = get_case(merged, case["model"], case["backend"], case.get("prompt_len"))
+            m["skipped"] = m.get("skipped", []) + list(case.get("skipped") or [])
             if m["engine_kwargs"] is None:
                 m["engine_kwargs"] = case.get("engine_kwargs")
             for r in case.get("runs", []):
@@ -1244,16 +1299,9 @@ def worker_main(spec_path: Path) -> int:
         result["pinning"] = pin_engine_cpus()
         print(f"pinning: {result['pinning']}", flush=True)
     try:
-        try:
-            info = engine.get_server_info()
-            result["effective"] = {k: info.get(k) for k in (
-                "attention_backend", "decode_attention_backend", "prefill_attention_backend",
-                "disable_piecewise_cuda_graph", "piecewise_cuda_graph_max_tokens", "disable_cuda_graph",
-                "cuda_graph_bs", "cuda_graph_max_bs", "max_running_requests", "disable_overlap_schedule",
-                "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-                "speculative_num_draft_tokens", "max_total_num_tokens", "mem_fraction_static")}
-        except Exception as exc:  # informative only
-            result["warnings"].append(f"get_server_info: {exc!r}")
+        result["effective"] = ge.effective_config(engine)
+        if "error" in result["effective"]:  # informative only
+            result["warnings"].append(f"get_server_info: {result['effective']['error']}")
         bss = spec["batch_sizes"]
         # Warm-up: every batch size once (CUDA graphs, Triton JIT, allocator).
         _set_phase(probe_dir, "warmup", spec["phase_settle_s"])
@@ -1338,13 +1386,6 @@ def _profile(engine: Any, spec: dict[str, Any], gen) -> list[dict[str, Any]]:
 # ============================================================================ parent
 
 
-def logging_config() -> dict[str, Any]:
-    _scripts_on_path()
-    from gpu_smoke import logging_config as lc
-
-    return lc()
-
-
 SMOKE_SYNC_PROBE = HERE / "gpu_probe" / "smoke_sync_probe.py"
 
 
@@ -1357,12 +1398,12 @@ def resolve_sync_impl(choice: str) -> str:
 
 
 def subprocess_env(mode: str, probe_dir: Path, log_config: Path, sync_site: Path | None,
-                   sync_dir: Path | None, *, smoke_sync: bool = False) -> dict[str, str]:
-    _scripts_on_path()
-    from gpu_smoke import subprocess_env as smoke_env
-
-    # gpu_probe sitecustomize: plugin log lines, call counts (and, with smoke_sync, host syncs)
-    env = smoke_env(mode, probe_dir, log_config, sync_probe=True) if smoke_sync else smoke_env(mode, probe_dir, log_config)
+                   sync_dir: Path | None, *, smoke_sync: bool = False, site: str | None = None,
+                   ports: ge.PortBlock | None = None) -> dict[str, str]:
+    """An Engine worker's environment: gpu_probe's sitecustomize (plugin log lines, call counts
+    and, with ``smoke_sync``, host syncs) or this file's own sync probe; ``site``: the SGLang
+    of another bundle (upstream) in place of the current one."""
+    env = ge.subprocess_env(mode, probe_dir, log_config, sync_probe=smoke_sync, site=site, ports=ports)
     if smoke_sync:
         env["SMOKE_PROBE_FLUSH_S"] = "0.1"
     env.pop(SYNC_PROBE_ENV, None)
@@ -1384,74 +1425,70 @@ class Deadline:
         return self.left() >= needed_s
 
 
-def run_engine(*, case: dict[str, Any], variant: str, mode: str, pass_: str, rep: int, spec: dict[str, Any],
+def run_engine(*, case: dict[str, Any], variant: ge.Variant, pass_: str, rep: int, spec: dict[str, Any],
                work: Path, log_dir: Path, timeout: float, log_config: Path, sync_site: Path | None,
-               sync_impl: str = "own") -> dict[str, Any]:
-    tag = f"{case['model']}-{case['backend']}-{pass_}-{variant}-r{rep}"
+               sync_impl: str = "own", ports: ge.PortAllocator | None = None) -> dict[str, Any]:
+    plen = case.get("prompt_len") or DEFAULT_PROMPT_LEN
+    tag = (f"{case['model']}-{case['backend']}" + (f"-p{plen}" if plen != DEFAULT_PROMPT_LEN else "")
+           + f"-{pass_}-{variant.name}-r{rep}")
     rdir = work / tag
     rdir.mkdir(parents=True, exist_ok=True)
     probe_dir = rdir / "probe"
     smoke_sync = pass_ == "probe" and sync_impl == "smoke"
     sync_dir = rdir / "sync" if pass_ == "probe" and not smoke_sync else None
-    spec = dict(spec, result_path=str(rdir / "result.json"), profile_dir=str(rdir / "prof"))
+    block = (ports or ge.PortAllocator()).allocate(tag)
+    spec = dict(spec, profile_dir=str(rdir / "prof"), engine_kwargs=ge.with_ports(spec["engine_kwargs"], block))
     if pass_ != "timed" or rep != spec.get("profile_rep"):
         spec["profile_batch_sizes"] = []
     spec["pass"] = pass_
     if smoke_sync:
         spec["sync_snapshot_dir"] = str(probe_dir)
-    spec_path = rdir / "spec.json"
-    spec_path.write_text(json.dumps(spec))
     log_path = log_dir / f"{tag}.log"
-    env = subprocess_env(mode, probe_dir, log_config, sync_site if sync_dir is not None else None, sync_dir,
-                         smoke_sync=smoke_sync)
+    env = subprocess_env(variant.mode, probe_dir, log_config, sync_site if sync_dir is not None else None, sync_dir,
+                         smoke_sync=smoke_sync, site=variant.site, ports=block)
     if spec["profile_batch_sizes"]:
         env["SGLANG_TORCH_PROFILER_DIR"] = spec["profile_dir"]
     if pass_ == "host":
         env["SMOKE_HOST_PROFILE"] = "1"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
-    print(f"== {tag}: {ENV_MODE}={mode} (timeout {timeout:.0f} s) log {log_path}", flush=True)
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=max(timeout, 1.0))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: it and its children only
-            proc.wait()
-            rc = -9
-            log.write(f"\n[bench] killed after {timeout:.0f} s\n")
-    wall = time.perf_counter() - t0
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    print(f"== {tag}: {ENV_MODE}={variant.mode}" + (f", SGLang of {variant.site}" if variant.site else "")
+          + f" (timeout {timeout:.0f} s, ports {block.base}+) log {log_path}", flush=True)
+    rc, wall, result, text = ge.run_worker(Path(__file__).resolve(), spec, work, tag, log_path, env, timeout,
+                                           spec_path=rdir / "spec.json", result_path=rdir / "result.json")
     time.sleep(spec.get("gpu_release_s", 1.0))  # let the driver release the GPU memory of the killed children
-    rp = Path(spec["result_path"])
-    result = json.loads(rp.read_text()) if rp.exists() else None
-    _scripts_on_path()
     from gpu_smoke import read_probe_dir, summarize_probe
 
     probe = summarize_probe(read_probe_dir(probe_dir))
-    log_info = scan_plugin_log(log_path.read_text(errors="replace"))
-    valid, detail = run_validity(variant, log_info, probe.scheduler_pids, (result or {}).get("pid"))
-    valid = valid and rc == 0 and bool(result) and bool((result or {}).get("batches")) and not (result or {}).get("errors")
+    log_info = scan_plugin_log(text)
+    res = result or {}
+    valid, detail = run_validity(variant.name, log_info, probe.scheduler_pids, res.get("pid"),
+                                 version=res.get("sglang_version"),
+                                 expected_version=ge.site_sglang_version(variant.site) if variant.site else None)
+    error = ge.engine_error(rc, result, text)
+    if error is None and res.get("errors") and not res.get("batches"):
+        error = "; ".join(res["errors"])[:500]
+    valid = valid and error is None and bool(res.get("batches")) and not res.get("errors")
     run = {
-        "variant": variant,
-        "mode": mode,
+        "variant": variant.name,
+        "mode": variant.mode,
+        "site": variant.site,
         "pass": pass_,
         "rep": rep,
         "returncode": rc,
         "wall_s": wall,
         "valid": valid,
         "validity": detail,
+        "error": error,
+        "log_tail": ge.log_tail(text) if error else None,
         "log": log_path.name,
+        "log_backend": ge.backend_from_log(text),
+        "ports": block.as_dict(),
         "plugin_log": log_info,
         "scheduler_pids": probe.scheduler_pids,
         "verify_done_calls": probe.scheduler_calls,
         "result": result,
     }
     if smoke_sync:
-        run["sync"] = summarize_sync_snapshots((result or {}).get("sync_snapshots") or [])
+        run["sync"] = summarize_sync_snapshots(res.get("sync_snapshots") or [])
     elif sync_dir is not None:
         run["sync"] = summarize_sync_records(
             r for r in read_sync_records(sync_dir)
@@ -1459,7 +1496,8 @@ def run_engine(*, case: dict[str, Any], variant: str, mode: str, pass_: str, rep
         )
     if pass_ == "host":
         run["host"] = summarize_host_docs(host_profile_module().read_profiles(str(probe_dir)))
-    print(f"   {tag}: rc {rc}, {wall:.1f} s, valid {valid} ({detail})", flush=True)
+    print(f"   {tag}: rc {rc}, {wall:.1f} s, valid {valid} ({detail})"
+          + (f"; HARNESS ERROR: {error}" if error else ""), flush=True)
     return run
 
 
@@ -1473,20 +1511,35 @@ def write_doc(doc: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def config_lines(summary: dict[str, Any], indent: str = "  ") -> list[str]:
+    """One line per variant: what its Engines ran (backend, PCG, page size, SGLang, GPU)."""
+    return [f"{indent}{v}: {c['config']}; SGLang {c.get('sglang_version') or '?'}; {c.get('gpu') or '?'}"
+            for v, c in (summary.get("config") or {}).items()]
+
+
 def format_summary(doc: dict[str, Any]) -> str:
-    lines = []
+    lines = [ge.fa3_line(bool(doc.get("fa3")))] if "fa3" in doc else []
     for case in doc["cases"]:
         s = case.get("summary") or summarize_case(case)
-        lines.append(f"{case['model']}/{case['backend']}: runs stock {s['n_runs']['stock']}, patched "
-                     f"{s['n_runs']['patched']}, invalid {s['invalid_runs']}")
+        variants = s.get("variants") or ["stock", "patched"]
+        lines.append(f"{case_name(case)}: runs " + ", ".join(f"{v} {s['n_runs'].get(v, 0)}" for v in variants)
+                     + f", invalid {s['invalid_runs']}, harness errors {s.get('error_runs', 0)}")
+        lines += config_lines(s)
+        for r in case.get("runs", []):
+            if r.get("error"):
+                lines.append(f"  HARNESS ERROR {r['pass']} {r['variant']} rep {r['rep']}: {r['error']}; last lines:")
+                lines.extend("    | " + ln for ln in (r.get("log_tail") or "").splitlines()[-12:])
+        lines += [f"  skipped: {m}" for m in case.get("skipped") or []]
         for bs, row in s["by_bs"].items():
-            st = (row["stock"]["decode_tok_s"] or {}).get("median")
-            pt = (row["patched"]["decode_tok_s"] or {}).get("median")
+            med = {v: (row[v]["decode_tok_s"] or {}).get("median") for v in variants}
             b = row["blocked_ms_per_iter"]
+            others = "".join(f", {v} {_fmt(med[v], 1)} tok/s (x{_fmt(row['ratios'].get(v), 3)})"
+                             for v in variants[2:])
             lines.append(
-                f"  bs {bs:>3}: stock {_fmt(st, 1)} tok/s, patched {_fmt(pt, 1)} tok/s, ratio {_fmt(row['ratio'], 3)}; "
-                f"blocked ms/iter {_fmt(b['stock'], 3)} -> {_fmt(b['patched'], 3)}; "
-                f"idle {_fmt(row['idle_fraction']['stock'], 3)} -> {_fmt(row['idle_fraction']['patched'], 3)}")
+                f"  bs {bs:>3}: stock {_fmt(med['stock'], 1)} tok/s, patched {_fmt(med['patched'], 1)} tok/s, "
+                f"ratio {_fmt(row['ratio'], 3)}{others}; "
+                f"blocked ms/iter {' -> '.join(_fmt(b.get(v), 3) for v in variants)}; "
+                f"idle {' -> '.join(_fmt(row['idle_fraction'].get(v), 3) for v in variants)}")
             busy = row.get("gpu_busy_us_per_iter") or {}
             if busy.get("stock") is not None or busy.get("patched") is not None:
                 lines.append(f"         GPU busy us/iter {_fmt(busy.get('stock'), 1)} -> {_fmt(busy.get('patched'), 1)}")
@@ -1548,7 +1601,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem-fraction", type=float, default=None,
                    help=f"mem_fraction_static (default per model: {MEM_FRACTION})")
     p.add_argument("--pcg-max-tokens", type=int, default=None,
-                   help="piecewise_cuda_graph_max_tokens for *-pcg backends (default: SGLang's); smaller starts faster")
+                   help="piecewise_cuda_graph_max_tokens for backends with piecewise CUDA graph (default: "
+                        f"{PCG_MAX_TOKENS}, SGLang's for the others); smaller starts faster")
+    p.add_argument("--variants", default="stock,patched",
+                   help="comma-separated from stock, patched, upstream (default stock,patched); upstream = stock "
+                        "SGLang of a second bundle (e.g. 0.5.13), whose site folder replaces the current SGLang's "
+                        "on PYTHONPATH; skipped with a line when that folder holds no SGLang")
+    p.add_argument("--upstream-site", default=None,
+                   help=f"site folder of the upstream variant (default ${ge.UPSTREAM_SITE_ENV}, else "
+                        f"{ge.DEFAULT_UPSTREAM_SITE}: where .gpu-0513/activate.sh unpacks)")
     p.add_argument("--out", type=Path, required=False, default=Path("bench.json"), help="result JSON (default bench.json)")
     p.add_argument("--log-dir", type=Path, default=None, help="Engine logs (default: <out dir>/bench-logs)")
     p.add_argument("--run-timeout", type=float, default=420.0, help="seconds per Engine run before it is killed")
@@ -1563,17 +1624,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def plan_runs(reps: int, probe: bool, profile: bool,
-              host: bool = False) -> list[tuple[str, int, list[tuple[str, str]]]]:
-    """[(pass, rep, [(variant, mode), ...])]: pairs of Engines that belong together."""
-    out: list[tuple[str, int, list[tuple[str, str]]]] = [("timed", r, list(VARIANTS)) for r in range(reps)]
+def plan_runs(reps: int, probe: bool, profile: bool, host: bool = False,
+              variants: Sequence[ge.Variant] = (ge.STOCK, ge.PATCHED)) -> list[tuple[str, int, list[ge.Variant]]]:
+    """[(pass, rep, [variant, ...])]: Engines that belong together, run one after the other."""
+    out: list[tuple[str, int, list[ge.Variant]]] = [("timed", r, list(variants)) for r in range(reps)]
     if profile and reps == 0:
-        out.append(("timed", 0, list(VARIANTS)))  # a profile-only pair; timed values come along
+        out.append(("timed", 0, list(variants)))  # a profile-only pass; timed values come along
     if host:
-        out.append(("host", 0, list(VARIANTS)))
+        out.append(("host", 0, list(variants)))
     if probe:
-        out.append(("probe", 0, list(VARIANTS)))
+        out.append(("probe", 0, list(variants)))
     return out
+
+
+def needs_fa3(backend: str) -> bool:
+    return ge.needs_fa3(BACKENDS[backend][0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1584,6 +1649,7 @@ def main(argv: list[str] | None = None) -> int:
     backends = parse_name_list(args.backends, BACKENDS)
     bss = parse_int_list(args.batch_sizes)
     prof_bss = parse_int_list(args.profile_batch_sizes) if args.profile else []
+    variants = ge.make_variants(parse_name_list(args.variants, ge.VARIANT_NAMES), upstream=args.upstream_site)
     if args.max_new_tokens < 2:
         raise SystemExit("--max-new-tokens must be >= 2")
     command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["bench_spec_v2.py", *argv])
@@ -1594,17 +1660,22 @@ def main(argv: list[str] | None = None) -> int:
         "profile": args.profile, "profile_batch_sizes": prof_bss, "profile_new_tokens": args.profile_new_tokens,
         "profile_trim": [args.profile_trim_head, args.profile_trim_tail], "spec": SPEC,
         "host_profile": args.host_profile, "host_trials": args.host_trials, "pin_cpus": args.pin_cpus,
-        "variants": dict(VARIANTS), "pcg_max_tokens": args.pcg_max_tokens, "mem_fraction": args.mem_fraction,
+        "variants": {v.name: v.mode for v in variants}, "upstream_site": next((v.site for v in variants if v.site), None),
+        "pcg_max_tokens": args.pcg_max_tokens, "mem_fraction": args.mem_fraction,
     }
-    plan = plan_runs(args.reps, args.probe, args.profile, args.host_profile)
+    max_positions = context_needed(args.prompt_len, args.max_new_tokens, args.warmup_new_tokens,
+                                   args.profile_new_tokens)
+    plan = plan_runs(args.reps, args.probe, args.profile, args.host_profile, variants)
     if args.dry_run:
         for m in models:
             for b in backends:
                 kw = engine_kwargs(m, b, f"<{m}/target>", f"<{m}/draft>", bss, mem_fraction=args.mem_fraction,
                                    pcg_max_tokens=args.pcg_max_tokens)
-                print(f"{m}/{b}: " + json.dumps(kw))
-                for pass_, rep, pair in plan:
-                    print(f"   {pass_} rep {rep}: " + ", ".join(f"{v} ({ENV_MODE}={md})" for v, md in pair))
+                print(f"{m}/{b} (context {max_positions}): " + json.dumps(kw))
+                for pass_, rep, group in plan:
+                    print(f"   {pass_} rep {rep}: " + ", ".join(
+                        f"{v.name} ({ENV_MODE}={v.mode}" + (f", SGLang of {v.site}" if v.site else "") + ")"
+                        for v in group))
         return 0
 
     out = args.out.resolve()
@@ -1613,22 +1684,49 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-spec-v2-"))
     deadline = Deadline(args.deadline_s)
     doc = new_doc(command, config)
-    doc["env"] = {"cwd": os.getcwd(), "python": sys.version.split()[0]}
+    doc["env"] = {"cwd": os.getcwd(), "python": sys.version.split()[0], "sglang_versions": {}}
     rc = 0
+
+    def skip(msg: str, case: dict[str, Any] | None = None) -> None:
+        print("!! " + msg, flush=True)
+        doc.setdefault("skipped", []).append(msg)
+        if case is not None:
+            case.setdefault("skipped", []).append(msg)
+
     try:
-        log_config = work / "logging.json"
-        log_config.write_text(json.dumps(logging_config()))
+        log_config = ge.write_logging_config(work / "logging.json")
         sync_impl = resolve_sync_impl(args.sync_probe_impl)
         doc["config"]["sync_probe_impl"] = sync_impl
         sync_site = write_sync_probe_site(work / "sync-site") if args.probe and sync_impl == "own" else None
+        ports = ge.PortAllocator()
+        for v in list(variants):
+            why = ge.upstream_missing(v)
+            if why:
+                skip(f"{v.name} variant skipped: {why}")
+                variants.remove(v)
+        fa3 = {v.name: ge.fa3_available(subprocess_env(v.mode, work / "fa3-check", log_config, None, None,
+                                                        site=v.site)) for v in variants}
+        doc["fa3"] = fa3.get("stock", fa3.get("patched", ge.fa3_available()))
+        doc["env"]["fa3_by_variant"] = fa3
+        doc["env"]["upstream_version"] = next((ge.site_sglang_version(v.site) for v in variants if v.site), None)
+        print(ge.fa3_line(doc["fa3"]) + "".join(f"; {k}: {'FA3' if x else 'no FA3'}" for k, x in fa3.items()),
+              flush=True)
         for model in models:
-            target, draft = write_model_dirs(model, work / "models")
+            target, draft = write_model_dirs(model, work / "models", max_positions)
             vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
             for backend in backends:
-                case = get_case(doc, model, backend)
+                case = get_case(doc, model, backend, args.prompt_len)
                 kw = engine_kwargs(model, backend, target, draft, bss, mem_fraction=args.mem_fraction,
                                    pcg_max_tokens=args.pcg_max_tokens)
                 case["engine_kwargs"] = kw
+                case["max_positions"] = max_positions
+                runnable = [v for v in variants if not needs_fa3(backend) or fa3[v.name]]
+                if len(runnable) < len(variants):
+                    lacking = ", ".join(v.name for v in variants if v not in runnable)
+                    skip(f"skipped ({ge.NO_FA3}): {case_name(case)} for {lacking}: backend {backend} needs FA3 "
+                         f"(sgl_kernel.flash_ops does not import in that environment)", case)
+                if not runnable:
+                    continue
                 base_spec = {
                     "engine_kwargs": kw, "vocab": vocab, "prompt_len": args.prompt_len,
                     "max_new_tokens": args.max_new_tokens, "batch_sizes": bss,
@@ -1639,33 +1737,34 @@ def main(argv: list[str] | None = None) -> int:
                     "settle_s": args.settle_s, "phase_settle_s": args.phase_settle_s, "pin_cpus": args.pin_cpus,
                     "gpu_release_s": args.gpu_release_s,
                 }
-                est = FIRST_GUESS_S[(model, BACKENDS[backend][1])]
-                for pass_, rep, pair in plan:
-                    if not deadline.allows(est * len(pair)):
-                        msg = (f"skipped {pass_} rep {rep} of {model}/{backend}: {deadline.left():.0f} s left, "
-                               f"~{est * len(pair):.0f} s needed")
-                        print("!! " + msg, flush=True)
-                        doc.setdefault("skipped", []).append(msg)
+                est = FIRST_GUESS_S[(model, backend_pcg(backend))]
+                for pass_, rep, group in plan:
+                    group = [v for v in group if v in runnable]
+                    if not deadline.allows(est * len(group)):
+                        skip(f"skipped {pass_} rep {rep} of {case_name(case)}: {deadline.left():.0f} s left, "
+                             f"~{est * len(group):.0f} s needed", case)
                         continue
                     trials = {"timed": args.trials, "host": args.host_trials}.get(pass_, args.probe_trials)
                     spec = dict(base_spec, trials=trials)
-                    for variant, mode in pair:
+                    for variant in group:
                         timeout = min(args.run_timeout, max(deadline.left() - 5.0, 30.0))
-                        run = run_engine(case=case, variant=variant, mode=mode, pass_=pass_, rep=rep, spec=spec,
-                                         work=work, log_dir=log_dir, timeout=timeout, log_config=log_config,
-                                         sync_site=sync_site, sync_impl=sync_impl)
+                        run = run_engine(case=case, variant=variant, pass_=pass_, rep=rep, spec=spec, work=work,
+                                         log_dir=log_dir, timeout=timeout, log_config=log_config,
+                                         sync_site=sync_site, sync_impl=sync_impl, ports=ports)
                         est = max(est * 0.5, run["wall_s"]) if run["returncode"] == 0 else max(est, run["wall_s"])
                         res = run.get("result") or {}
+                        if res.get("sglang_version"):
+                            doc["env"]["sglang_versions"].setdefault(variant.name, res["sglang_version"])
                         for k in ("gpu", "sglang_version", "torch_version", "cuda"):
-                            if res.get(k) and not doc["env"].get(k):
+                            if res.get(k) and not doc["env"].get(k) and variant.site is None:
                                 doc["env"][k] = res[k]
                         if pass_ == "host":
-                            case.setdefault("host", {})[variant] = run.get("host")
+                            case.setdefault("host", {})[variant.name] = run.get("host")
                         if pass_ == "probe":
-                            case["probe"][variant] = run.get("sync")
+                            case["probe"][variant.name] = run.get("sync")
                             # keep the probed run's raw numbers, but out of the timed medians
                         for prof in res.get("profile") or []:
-                            case["profile"].setdefault(variant, []).append(dict(prof, rep=rep))
+                            case["profile"].setdefault(variant.name, []).append(dict(prof, rep=rep))
                         case["runs"].append(run)
                         if not run["valid"]:
                             rc = 1
@@ -1682,7 +1781,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _exit_worker(code: int) -> None:
-    _scripts_on_path()
     from gpu_smoke import _exit_worker as ew
 
     ew(code)

@@ -58,10 +58,26 @@ def _pair(a: Any, b: Any, nd: int = 2, fmt=None) -> str:
 
 
 def case_label(case: dict[str, Any]) -> str:
-    return f"{case['model']} {case['backend']}"
+    return bench.case_name(case).replace("/", " ", 1)
+
+
+def config_cell(summary: dict[str, Any]) -> str:
+    """What the case's Engines ran (one entry when every variant ran the same)."""
+    cfg = summary.get("config") or {}
+    labels = {v: c["config"] for v, c in cfg.items()}
+    if not labels:
+        return "-"
+    if len(set(labels.values())) == 1:
+        return next(iter(labels.values()))
+    return "; ".join(f"{v}: {lab}" for v, lab in labels.items())
+
+
+def has_upstream(merged: dict[str, Any]) -> bool:
+    return any("upstream" in (c.get("summary") or bench.summarize_case(c))["variants"] for c in merged["cases"])
 
 
 def table_rows(merged: dict[str, Any]) -> list[list[str]]:
+    upstream = has_upstream(merged)
     rows = []
     for case in merged["cases"]:
         s = case.get("summary") or bench.summarize_case(case)
@@ -69,27 +85,43 @@ def table_rows(merged: dict[str, Any]) -> list[list[str]]:
             r = s["by_bs"][bs]
             blocked = r["blocked_ms_per_iter"]
             vd = r["verify_done_ms_per_iter"]
-            rows.append([
+            row = [
                 case_label(case),
+                config_cell(s),
                 str(bs),
-                f"{s['n_runs']['stock']}/{s['n_runs']['patched']}",
+                "/".join(str(s["n_runs"].get(v, 0)) for v in (["stock", "patched", "upstream"] if upstream
+                                                                else ["stock", "patched"])),
                 _range(r["stock"]["decode_tok_s"]),
                 _range(r["patched"]["decode_tok_s"]),
                 _f(r["ratio"], 3) + (f" ({_f(r['paired_ratio']['min'], 3)}-{_f(r['paired_ratio']['max'], 3)})"
                                      if r.get("paired_ratio") and r["paired_ratio"]["n"] > 1 else ""),
+            ]
+            if upstream:
+                up = r.get("upstream") or {}
+                row.append(_range(up.get("decode_tok_s")) + (f" (x{_f(r['ratios'].get('upstream'), 3)})"
+                                                               if (r.get("ratios") or {}).get("upstream") else ""))
+            row += [
                 _pair(_med(r["stock"]["tpot_ms"]), _med(r["patched"]["tpot_ms"]), 3),
                 _pair(_med(r["stock"]["accept_length"]), _med(r["patched"]["accept_length"]), 2),
                 _pair(blocked["stock"], blocked["patched"], 3)
                 + (f" ({_pct(-r['blocked_reduction'])})" if r.get("blocked_reduction") is not None else ""),
                 _pair(vd["stock"], vd["patched"], 3),
                 _pair(r["idle_fraction"]["stock"], r["idle_fraction"]["patched"], fmt=_pct),
-            ])
+            ]
+            rows.append(row)
     return rows
 
 
-HEADER = ["case", "bs", "runs s/p", "stock tok/s (median [min-max])", "patched tok/s", "ratio p/s (paired min-max)",
-          "TPOT ms s / p", "accept len s / p", "blocked ms/iter s / p (change)", "verify_done ms/iter s / p",
-          "GPU idle s / p"]
+def header(upstream: bool) -> list[str]:
+    head = ["case", "config", "bs", "runs s/p" + ("/u" if upstream else ""), "stock tok/s (median [min-max])",
+            "patched tok/s", "ratio p/s (paired min-max)"]
+    if upstream:
+        head.append("upstream tok/s (ratio u/s)")
+    return head + ["TPOT ms s / p", "accept len s / p", "blocked ms/iter s / p (change)", "verify_done ms/iter s / p",
+                   "GPU idle s / p"]
+
+
+HEADER = header(False)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -166,10 +198,24 @@ def sources_section(merged: dict[str, Any]) -> str:
     lines = []
     for src in merged["sources"]:
         env = src.get("env") or {}
+        versions = env.get("sglang_versions") or {}
+        sglang = ", ".join(f"{v} {x}" for v, x in versions.items()) if len(set(versions.values())) > 1 else (
+            env.get("sglang_version") or "?")
         lines.append(f"- `{src.get('command')}` — {src.get('date')}, {env.get('gpu') or '?'}, "
-                     f"SGLang {env.get('sglang_version') or '?'}, torch {env.get('torch_version') or '?'}"
+                     f"SGLang {sglang}, torch {env.get('torch_version') or '?'}, FA3 {_yes(src.get('fa3')) or '?'}"
                      + (f" (file `{Path(src['path']).name}`)" if src.get("path") else ""))
     return "\n".join(lines)
+
+
+def _yes(v: Any) -> str | None:
+    return None if v is None else ("yes" if v else "no")
+
+
+def versions_line(envs: Sequence[dict[str, Any]]) -> str:
+    """``0.5.12.post1`` or, with an upstream column, ``stock/patched 0.5.12.post1; upstream 0.5.13``."""
+    up = _uniq([(e.get("sglang_versions") or {}).get("upstream") for e in envs])
+    base = _uniq([e.get("sglang_version") for e in envs])
+    return base if up == "?" else f"stock/patched {base}; upstream {up}"
 
 
 def _uniq(values: Sequence[Any]) -> str:
@@ -195,12 +241,14 @@ def render_readme(merged: dict[str, Any], targets: Sequence[dict[str, Any]], plo
         "|---|---|",
         f"| date | {_uniq(dates)} |",
         f"| GPU | {_uniq([e.get('gpu') for e in envs])} |",
-        f"| SGLang | {_uniq([e.get('sglang_version') for e in envs])} (torch {_uniq([e.get('torch_version') for e in envs])}) |",
+        f"| SGLang | {versions_line(envs)} (torch {_uniq([e.get('torch_version') for e in envs])}) |",
+        f"| FA3 | {_uniq([_yes(s.get('fa3')) for s in merged['sources']])} |",
         "| config | spec v2 (overlap scheduler), STANDALONE, 3 steps, topk 1, 4 draft tokens, greedy, `ignore_eos`, "
         "dummy weights, CUDA graph on (`cuda_graph_bs` = the batch sizes) |",
         f"| workload | {cfg_line} |",
-        "| variants | stock = `SGLANG_FUTUREMAP_PATCH=off`, patched = `strict`; each Engine in its own process, "
-        "alternating stock/patched |",
+        "| variants | stock = `SGLANG_FUTUREMAP_PATCH=off`, patched = `strict`"
+        + ("; upstream = stock SGLang of the upstream bundle (its own site folder, no plugin)" if has_upstream(merged)
+           else "") + "; each Engine in its own process, alternating |",
         "",
         "Decode tok/s = bs x (max_new_tokens - 1) / (t(max_new_tokens) - t(1)) with fresh prompts each call; "
         "TPOT = the same decode time / (max_new_tokens - 1). A run's value is the median of its trials; the table "
@@ -209,7 +257,7 @@ def render_readme(merged: dict[str, Any], targets: Sequence[dict[str, Any]], plo
         "iteration (separate probed Engine, not timed); verify_done = the part inside `maybe_wait_verify_done`. "
         "GPU idle: 1 - union of GPU kernel/memcpy intervals over the decode window of a torch-profiler trace.",
         "",
-        markdown_table(HEADER, table_rows(merged)),
+        markdown_table(header(has_upstream(merged)), table_rows(merged)),
         "",
     ]
     if plot_name:
@@ -246,6 +294,34 @@ def render_readme(merged: dict[str, Any], targets: Sequence[dict[str, Any]], plo
     return "\n".join(parts)
 
 
+def ratio_series(merged: dict[str, Any]) -> list[tuple[str, str, list[int], list[float], list[float], list[float]]]:
+    """What the plot draws: per case and variant (patched, upstream) against stock, the label
+    (case and the configuration its Engines ran), batch sizes, median ratios and the distances
+    to the smallest and largest paired ratio."""
+    out = []
+    for case in merged["cases"]:
+        s = case.get("summary") or bench.summarize_case(case)
+        for variant in [v for v in s["variants"] if v != "stock"]:
+            xs, ys, lo, hi = [], [], [], []
+            for bs in sorted(s["by_bs"], key=int):
+                r = s["by_bs"][bs]
+                ratio = (r.get("ratios") or {}).get(variant, r["ratio"] if variant == "patched" else None)
+                if ratio is None:
+                    continue
+                pr = (r.get("paired_ratios") or {}).get(variant, r.get("paired_ratio") if variant == "patched" else None)
+                xs.append(int(bs))
+                ys.append(ratio)
+                lo.append(max(ratio - (pr["min"] if pr else ratio), 0.0))
+                hi.append(max((pr["max"] if pr else ratio) - ratio, 0.0))
+            if xs:
+                cfg = (s.get("config") or {}).get(variant) or {}
+                what = f"{case_label(case)} [{config_cell(s)}]"
+                if variant != "patched":
+                    what += f" — {variant} {cfg.get('sglang_version') or ''}".rstrip()
+                out.append((what, variant, xs, ys, lo, hi))
+    return out
+
+
 def plot(merged: dict[str, Any], path: Path) -> bool:
     try:
         import matplotlib
@@ -257,23 +333,13 @@ def plot(merged: dict[str, Any], path: Path) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(8, 5))
     all_bs: set[int] = set()
-    for case in merged["cases"]:
-        s = case.get("summary") or bench.summarize_case(case)
-        xs, ys, lo, hi = [], [], [], []
-        for bs in sorted(s["by_bs"], key=int):
-            r = s["by_bs"][bs]
-            if r["ratio"] is None:
-                continue
-            xs.append(int(bs))
-            ys.append(r["ratio"])
-            pr = r.get("paired_ratio")
-            lo.append(r["ratio"] - (pr["min"] if pr else r["ratio"]))
-            hi.append((pr["max"] if pr else r["ratio"]) - r["ratio"])
-        if not xs:
-            continue
+    colors: dict[str, Any] = {}
+    for label, variant, xs, ys, lo, hi in ratio_series(merged):
         all_bs.update(xs)
-        ax.errorbar(xs, ys, yerr=[[max(v, 0) for v in lo], [max(v, 0) for v in hi]], marker="o", capsize=3,
-                    label=case_label(case))
+        base = label.split(" — ")[0]
+        bar = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o" if variant == "patched" else "s", capsize=3,
+                          linestyle="-" if variant == "patched" else "--", color=colors.get(base), label=label)
+        colors.setdefault(base, bar.lines[0].get_color())
     ax.axhline(1.0, linestyle="--", color="grey", linewidth=1, label="1.0 (parity)")
     ax.axhline(bench.TARGET_ELSEWHERE, linestyle=":", color="grey", linewidth=1, label="0.99 target")
     ax.axhline(bench.TARGET_BS1, linestyle="--", color="red", linewidth=1, label="1.10 target (bs 1, triton-nopcg)")
@@ -282,9 +348,9 @@ def plot(merged: dict[str, Any], path: Path) -> bool:
         ax.set_xticks(sorted(all_bs))
         ax.set_xticklabels([str(b) for b in sorted(all_bs)])
     ax.set_xlabel("batch size")
-    ax.set_ylabel("decode tok/s, patched / stock")
+    ax.set_ylabel("decode tok/s, patched / stock" + (" (dashed: upstream / stock)" if has_upstream(merged) else ""))
     envs = [s.get("env") or {} for s in merged["sources"]]
-    ax.set_title(f"sglang_futuremap_patch vs stock SGLang {_uniq([e.get('sglang_version') for e in envs])}"
+    ax.set_title(f"sglang_futuremap_patch vs stock SGLang {versions_line(envs)}"
                  f" — {_uniq([e.get('gpu') for e in envs])}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

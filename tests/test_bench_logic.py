@@ -19,6 +19,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import bench_spec_v2 as bench  # noqa: E402
+import gpu_engine as ge  # noqa: E402
 import plot_bench  # noqa: E402
 
 
@@ -120,9 +121,31 @@ def test_engine_kwargs_backends(tmp_path):
 def test_plan_alternates():
     plan = bench.plan_runs(3, probe=True, profile=False)
     assert [(p, r) for p, r, _ in plan] == [("timed", 0), ("timed", 1), ("timed", 2), ("probe", 0)]
-    assert all([v for v, _ in pair] == ["stock", "patched"] for _, _, pair in plan)
-    assert all(dict(pair) == {"stock": "off", "patched": "strict"} for _, _, pair in plan)
-    assert bench.plan_runs(0, probe=False, profile=True) == [("timed", 0, list(bench.VARIANTS))]
+    assert all([(v.name, v.mode) for v in group] == [("stock", "off"), ("patched", "strict")] for _, _, group in plan)
+    assert bench.plan_runs(0, probe=False, profile=True) == [("timed", 0, [ge.STOCK, ge.PATCHED])]
+    three = ge.make_variants(["stock", "patched", "upstream"], upstream="/x/site-0513")
+    plan = bench.plan_runs(1, probe=True, profile=False, variants=three)
+    assert all([v.name for v in group] == ["stock", "patched", "upstream"] for _, _, group in plan)
+    assert plan[0][2][2] == ge.Variant("upstream", "off", "/x/site-0513")
+
+
+def test_new_backends_and_the_long_context_model(tmp_path):
+    t, d = bench.write_model_dirs("8b", tmp_path, bench.context_needed(8192, 256, 32, 128))
+    assert json.loads(Path(t, "config.json").read_text())["max_position_embeddings"] == 16384
+    assert json.loads(Path(d, "config.json").read_text())["max_position_embeddings"] == 16384
+    assert bench.context_needed(64, 256, 32, 128) == 4096  # the usual rows keep the model as it was
+    default = bench.engine_kwargs("8b", "default", t, d, [1, 4, 16, 48])
+    assert "attention_backend" not in default and "disable_piecewise_cuda_graph" not in default
+    assert default["piecewise_cuda_graph_max_tokens"] == 512 and default["cuda_graph_bs"] == [1, 4, 16, 48]
+    fa3 = bench.engine_kwargs("8b", "fa3-pcg", t, d, [8], pcg_max_tokens=256)
+    assert fa3["attention_backend"] == "fa3" and fa3["disable_piecewise_cuda_graph"] is False
+    assert fa3["piecewise_cuda_graph_max_tokens"] == 256 and fa3["cuda_graph_max_bs"] == 8
+    nopcg = bench.engine_kwargs("8b", "fa3-nopcg", t, d, [8])
+    assert nopcg["disable_piecewise_cuda_graph"] is True and "piecewise_cuda_graph_max_tokens" not in nopcg
+    assert "piecewise_cuda_graph_max_tokens" not in bench.engine_kwargs("8b", "triton-pcg", t, d, [8])
+    assert [b for b in bench.BACKENDS if bench.needs_fa3(b)] == ["default", "fa3-pcg", "fa3-nopcg"]
+    long_case = bench.get_case(bench.new_doc("x", {}), "8b", "default", 8192)
+    assert bench.case_name(long_case) == "8b/default prompt 8192"
 
 
 def test_summarize_case_medians_ratios_pairs():
@@ -260,7 +283,7 @@ def test_merge_docs_and_readme(tmp_path):
     assert "- tiny triton-nopcg, bs 1: GPU busy 600 / 590 us per decode iteration, idle 40.0% / 10.0%" in text
     assert ("- tiny triton-nopcg, bs 1: 3000 / 2900 us per decode iteration (100 / 100 iterations, GC 1.0 / 1.0 us); "
             "largest differences in own time (us/iter): `x.py:1(f)` +35") in text
-    assert "| tiny triton-nopcg | 1 | 2/2 | 95.0 [90.0-100.0] | 109.5 [99.0-120.0] | 1.153 (1.100-1.200) |" in text
+    assert "| tiny triton-nopcg | - | 1 | 2/2 | 95.0 [90.0-100.0] | 109.5 [99.0-120.0] | 1.153 (1.100-1.200) |" in text
     assert "2.000 / 0.500 (-75.0%)" in text and "40.0% / 10.0%" in text
     assert "NVIDIA H200" in text and "0.5.12.post1" in text and "bench_spec_v2.py --x" in text
     assert "plot cmd" in text and "skipped probe rep 0" in text
@@ -275,6 +298,37 @@ def test_merge_docs_and_readme(tmp_path):
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps({"schema": "other"}))
         bench.load_docs([bad])
+
+
+def test_upstream_column_and_configuration_in_the_readme_and_plot(tmp_path):
+    eff = {"attention_backend": "fa3", "disable_piecewise_cuda_graph": False, "page_size": 1}
+
+    def run(variant, rep, vals, version):
+        r = _run(variant, rep, vals)
+        r["result"].update(effective=eff, sglang_version=version, gpu="NVIDIA H100 80GB HBM3")
+        return r
+
+    case = _case(model="8b", backend="default", runs=[
+        run("stock", 0, {1: [100], 16: [1000]}, "0.5.12.post1"), run("patched", 0, {1: [110], 16: [1030]}, "0.5.12.post1"),
+        run("upstream", 0, {1: [120], 16: [1050]}, "0.5.13")])
+    long_case = dict(_case(model="8b", backend="default", runs=[
+        run("stock", 0, {8: [400]}, "0.5.12.post1"), run("patched", 0, {8: [420]}, "0.5.12.post1")]), prompt_len=8192)
+    doc = _doc([case, long_case], fa3=True)
+    doc["env"]["sglang_versions"] = {"stock": "0.5.12.post1", "patched": "0.5.12.post1", "upstream": "0.5.13"}
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(doc))
+    merged, _ = plot_bench.build([path], tmp_path / "out", do_plot=False)
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert "| SGLang | stock/patched 0.5.12.post1; upstream 0.5.13 (torch 2.11.0) |" in text and "| FA3 | yes |" in text
+    assert "upstream tok/s (ratio u/s)" in text and "runs s/p/u" in text
+    assert ("| 8b default | fa3 (SGLang's default), PCG on, page 1 | 1 | 1/1/1 | 100.0 | 110.0 | 1.100 | 120.0 (x1.200) |"
+            in text)
+    assert "| 8b default prompt 8192 | fa3 (SGLang's default), PCG on, page 1 | 8 | 1/1/0 | 400.0 | 420.0 | 1.050 | - |" in text
+    series = plot_bench.ratio_series(merged)
+    assert [(label, v, xs, [round(y, 3) for y in ys]) for label, v, xs, ys, _, _ in series] == [
+        ("8b default [fa3 (SGLang's default), PCG on, page 1]", "patched", [1, 16], [1.1, 1.03]),
+        ("8b default [fa3 (SGLang's default), PCG on, page 1] — upstream 0.5.13", "upstream", [1, 16], [1.2, 1.05]),
+        ("8b default prompt 8192 [fa3 (SGLang's default), PCG on, page 1]", "patched", [8], [1.05])]
 
 
 def test_markdown_table_shape():
@@ -366,7 +420,10 @@ class Engine:
         self.kw = kw
         self.prof = None
     def get_server_info(self):
-        return dict(self.kw, version=__version__)
+        info = dict(self.kw, version=__version__)  # what SGLang resolves on Hopper when nothing is said
+        info.setdefault("attention_backend", "fa3")
+        info.setdefault("disable_piecewise_cuda_graph", False)
+        return dict(info, page_size=1)
     def generate(self, input_ids, sampling_params):
         n = sampling_params[0]["max_new_tokens"]
         self.sched.get_next_batch_to_run()  # the scheduler loop: one tick per batch
@@ -409,6 +466,7 @@ def _fake_bench(tmp_path, fake_site, *extra):
     pytest.importorskip("setproctitle")
     out = tmp_path / "res" / "bench.json"
     env = dict(os.environ)
+    env.setdefault(ge.FA3_ENV, "0")
     env["PYTHONPATH"] = os.pathsep.join([str(fake_site)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     cmd = [sys.executable, str(SCRIPTS / "bench_spec_v2.py"), "--model", "tiny", "--backend", "triton-nopcg",
            "--batch-sizes", "1,4", "--max-new-tokens", "33", "--warmup-new-tokens", "5", "--out", str(out),
@@ -455,6 +513,81 @@ def test_end_to_end_with_fake_sglang(tmp_path, fake_site):
     assert "bs   1:" in p.stdout and "blocked ms/iter" in p.stdout
     logs = sorted(x.name for x in (out.parent / "bench-logs").iterdir())
     assert len(logs) == 4 and logs[0].startswith("tiny-triton-nopcg-")
+    # every Engine got a port block of its own, and its kwargs carried it
+    blocks = [r["ports"] for r in case["runs"]]
+    assert len({b["base"] for b in blocks}) == 4 and all(
+        r["result"]["effective"]["port"] == r["ports"]["port"]
+        and r["result"]["effective"]["nccl_port"] == r["ports"]["nccl_port"] for r in case["runs"])
+    assert doc["fa3"] is False and case["summary"]["config"]["stock"]["config"] == "triton, PCG off, page 1"
+    assert "FA3: not installed" in p.stdout and "stock: triton, PCG off, page 1; SGLang 0.5.12.post1-fake" in p.stdout
+
+
+def _upstream_site(fake_site, root):
+    """A second fake site, as the 0.5.13 bundle unpacks: its own SGLang (and torch)."""
+    import shutil
+
+    site = root / "site-0513"
+    shutil.copytree(fake_site, site)
+    init = site / "sglang" / "__init__.py"
+    init.write_text(init.read_text().replace('__version__ = "0.5.12.post1-fake"', "from sglang._version import __version__"))
+    (site / "sglang" / "_version.py").write_text("__version__ = version = '0.5.13'\n")
+    return site
+
+
+def test_end_to_end_upstream_variant_and_default_backend(tmp_path, fake_site, monkeypatch):
+    monkeypatch.setenv(ge.FA3_ENV, "1")
+    site = _upstream_site(fake_site, tmp_path)
+    p, out, doc = _fake_bench(tmp_path, fake_site, "--backend", "default", "--reps", "1", "--no-probe",
+                              "--variants", "stock,patched,upstream", "--upstream-site", str(site))
+    case = doc["cases"][0]
+    assert [(r["variant"], r["valid"]) for r in case["runs"]] == [("stock", True), ("patched", True),
+                                                                   ("upstream", True)], case["runs"]
+    up = case["runs"][2]
+    assert up["site"] == str(site) and up["result"]["sglang_version"] == "0.5.13" and "0.5.13" in up["validity"]
+    assert "attention_backend" not in up["result"]["effective"] or up["result"]["effective"]["attention_backend"] == "fa3"
+    summ = case["summary"]
+    assert summ["variants"] == ["stock", "patched", "upstream"] and summ["n_runs"]["upstream"] == 1
+    assert summ["config"]["upstream"]["sglang_version"] == "0.5.13"
+    assert summ["config"]["stock"]["config"] == "fa3 (SGLang's default), PCG on, page 1"
+    row = summ["by_bs"]["1"]
+    assert set(row["ratios"]) == {"patched", "upstream"} and row["ratios"]["upstream"] > 0
+    assert doc["env"]["sglang_versions"] == {"stock": "0.5.12.post1-fake", "patched": "0.5.12.post1-fake",
+                                             "upstream": "0.5.13"}
+    assert doc["env"]["sglang_version"] == "0.5.12.post1-fake" and doc["fa3"] is True
+    assert "upstream 1" in p.stdout and "upstream: fa3 (SGLang's default), PCG on, page 1; SGLang 0.5.13" in p.stdout
+    assert "bs   1: stock" in p.stdout and ", upstream " in p.stdout
+
+
+def test_end_to_end_skips_missing_upstream_and_fa3_rows(tmp_path, fake_site):
+    p, out, doc = _fake_bench(tmp_path, fake_site, "--backend", "triton-nopcg,default", "--reps", "1", "--no-probe",
+                              "--batch-sizes", "1", "--variants", "stock,patched,upstream", "--upstream-site",
+                              str(tmp_path / "nothing-here"))
+    assert [(c["backend"], len(c["runs"])) for c in doc["cases"]] == [("triton-nopcg", 2), ("default", 0)]
+    assert any(m.startswith("upstream variant skipped: upstream site") for m in doc["skipped"])
+    (fa3_skip,) = doc["cases"][1]["skipped"]
+    assert fa3_skip.startswith("skipped (no FA3): tiny/default for stock, patched: backend default needs FA3")
+    assert "!! upstream variant skipped" in p.stdout and "skipped (no FA3)" in p.stdout
+
+
+def test_an_engine_that_did_not_start_is_a_harness_error(tmp_path, monkeypatch):
+    def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
+        log_path.write_text("Traceback (most recent call last):\nRuntimeError: EADDRINUSE\n")
+        return 1, 2.0, None, log_path.read_text()
+
+    monkeypatch.setattr(ge, "run_worker", fake_worker)
+    case = bench.get_case(bench.new_doc("x", {}), "tiny", "default")
+    spec = {"engine_kwargs": {"model_path": "m"}, "profile_batch_sizes": [], "gpu_release_s": 0}
+    run = bench.run_engine(case=case, variant=ge.STOCK, pass_="timed", rep=0, spec=spec, work=tmp_path,
+                           log_dir=tmp_path, timeout=5, log_config=tmp_path / "log.json", sync_site=None)
+    assert run["error"] == "exit status 1; no result" and not run["valid"] and "EADDRINUSE" in run["log_tail"]
+    assert run["ports"]["nccl_port"] == run["ports"]["base"] + 2
+    case["runs"].append(run)
+    doc = dict(bench.new_doc("x", {}), cases=[case], fa3=False)
+    summary = bench.summarize_case(case)
+    assert summary["error_runs"] == 1 and summary["invalid_runs"] == 1
+    text = bench.format_summary(doc)
+    assert "harness errors 1" in text and "HARNESS ERROR timed stock rep 0: exit status 1; no result" in text
+    assert "    | RuntimeError: EADDRINUSE" in text and text.startswith("FA3: not installed")
 
 
 def test_end_to_end_host_profile(tmp_path, fake_site):
