@@ -381,6 +381,8 @@ NO_FA3 = "no FA3"
 #: SGLang picks FA3 on Hopper when no attention backend is given (spec topk 1).
 FA3_BACKENDS = frozenset({"fa3", "default"})
 _FA3_CACHE: dict[tuple[str, str], bool] = {}
+#: A module with a file: CPU hosts' import stand-ins (tests/cpu_shims) have none.
+FA3_CHECK = "import sys, sgl_kernel.flash_ops as m; sys.exit(0 if getattr(m, '__file__', None) else 1)"
 
 
 def needs_fa3(backend: str | None) -> bool:
@@ -399,8 +401,7 @@ def fa3_available(env: dict[str, str] | None = None, *, python: str | None = Non
     if key not in _FA3_CACHE:
         env.pop("SMOKE_PROBE_DIR", None)  # no probe in the check
         try:
-            r = subprocess.run([python, "-c", "import sgl_kernel.flash_ops"], env=env, capture_output=True,
-                               timeout=timeout)
+            r = subprocess.run([python, "-c", FA3_CHECK], env=env, capture_output=True, timeout=timeout)
             _FA3_CACHE[key] = r.returncode == 0
         except (OSError, subprocess.SubprocessError):
             _FA3_CACHE[key] = False

@@ -20,3 +20,16 @@ gpu_use_bundle() {
         PIP_TARGET_ARGS=(--no-build-isolation --upgrade --target "$1")
     fi
 }
+
+# gpu_fa3_status: one line saying whether FA3 (sgl_kernel.flash_ops) imports in this environment;
+# FA3=1/0. The Python harnesses find out themselves too (per variant) and record it as "fa3".
+gpu_fa3_status() {
+    if python3 -c "import sys, sgl_kernel.flash_ops as m; sys.exit(0 if getattr(m, '__file__', None) else 1)" \
+            >/dev/null 2>&1; then
+        FA3=1
+        echo "FA3: installed (sgl_kernel.flash_ops imports)"
+    else
+        FA3=0
+        echo "FA3: not installed (no sgl_kernel.flash_ops): what needs it (backend fa3, or none given) is skipped"
+    fi
+}

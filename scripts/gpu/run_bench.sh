@@ -33,13 +33,42 @@
 #   --model 8b   --backend triton-pcg   --reps 1 --no-probe           2 Engines  ~6-8 min
 #   --model 8b   --backend triton-pcg   --reps 0 --probe              2 Engines  ~6-8 min
 #   --model tiny --backend flashinfer   --reps 1                      4 Engines  ? (first try)
+#
+# SGLang's default configuration on H100/H200 (backend default = none given: FA3 + PCG; its PCG
+# capture limit is 512 tokens, so an 8b Engine starts in ~2-2.5 min, ~3-3.5 min with its work).
+# Needs FA3 staged on the machine right before (two short calls, ../shared/gpu/README.md):
+#   carry [".gpu-fa3a"]: bash .gpu-fa3a/stage.sh      then carry [".gpu-fa3b"]: bash .gpu-fa3b/stage.sh
+# then, each chunk one call with carry [".gpu"] (rows at bs 1/4/16/48 unless said):
+#   --model 8b --backend default --reps 1 --no-probe --profile        2 Engines  ~7-8 min (timed + GPU idle)
+#   --model 8b --backend default --reps 0 --probe                     2 Engines  ~7 min (host syncs: probe)
+#   --model 8b --backend default --prompt-len 8192 --batch-sizes 8 --max-new-tokens 512 --reps 1 --no-probe
+#                                                                      2 Engines  ~7-8 min (long context: 8k
+#                                                                      prompts at bs 8, model context 16384)
+#   --model 8b --backend fa3-nopcg --reps 1 --no-probe --profile      2 Engines  ~4-5 min
+#   --model tiny --backend default --reps 1 --profile                 4 Engines  ~7-8 min
+# Without FA3 these rows are skipped (no FA3) with a line, and the chunk ends at once.
+#
+# The upstream column (stock SGLang 0.5.13 from .gpu-0513; ratios against stock 0.5.12.post1):
+#   [carry [".gpu-0513-fa3a"]: bash .gpu-0513-fa3a/stage.sh; carry [".gpu-0513-fa3b"]: bash .gpu-0513-fa3b/stage.sh]
+#                                                   (its FA3: needed for backend default / fa3-*)
+#   carry [".gpu-0513"]: bash scripts/gpu/stage_upstream.sh            (~30 s: unpacks /tmp/site312-0.5.13)
+#   carry [".gpu"]:      bash scripts/gpu/run_bench.sh --model 8b --backend default --variants stock,upstream \
+#                            --reps 1 --no-probe                       2 Engines  ~7-8 min
+#                        bash scripts/gpu/run_bench.sh --model 8b --backend triton-nopcg \
+#                            --variants stock,patched,upstream --reps 1 --no-probe   3 Engines  ~6 min
+# (.gpu and .gpu-0513 are 45-48 MB each: they cannot travel in one call; the staged folders stay
+# on the machine while it is warm, ~30 s between calls.) Where the upstream site holds no SGLang,
+# the variant is skipped with a line (SGLANG_UPSTREAM_SITE or --upstream-site name another).
+#
 # The bench never starts an Engine pair that is not expected to end before the budget
 # (BENCH_BUDGET_S, default 555 s from this script's start, less setup), and rewrites its JSON
 # after every Engine, so a chunk that runs long still returns what it measured.
 #
 # Environment knobs:
 #   OUT                 result folder (default ./gpu-out)
-#   BENCH_TAG           file-name tag (default from --model/--backend)
+#   BENCH_TAG           file-name tag (default model-backend[-p<prompt len>][-<variants>] from the
+#                       arguments, e.g. 8b-default-p8192 or 8b-default-stock_upstream)
+#   SGLANG_UPSTREAM_SITE  the upstream variant's site folder (default /tmp/site312-0.5.13)
 #   BENCH_BUDGET_S      seconds this whole script may take (default 555)
 #   BENCH_SITE          pip --target for the plugin when .gpu/activate.sh is used (default /tmp/site312)
 #   BENCH_SKIP_INSTALL  1: do not pip-install the plugin
@@ -55,15 +84,24 @@ START=$(date +%s)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 gpu_enter_repo
 
-# Tag from --model/--backend values (first of each), e.g. 8b-triton-nopcg.
+# Tag from --model/--backend values (first of each), a --prompt-len other than 64 and --variants
+# other than stock,patched, e.g. 8b-triton-nopcg, 8b-default-p8192, 8b-default-stock_upstream.
 tag_of() {
-    local model="" backend="" prev=""
+    local model="" backend="" plen="" variants="" prev=""
     for a in "$@"; do
-        case "$prev" in --model|--models) model="$a" ;; --backend|--backends) backend="$a" ;; esac
-        case "$a" in --model=*|--models=*) model="${a#*=}" ;; --backend=*|--backends=*) backend="${a#*=}" ;; esac
+        case "$prev" in
+            --model|--models) model="$a" ;; --backend|--backends) backend="$a" ;;
+            --prompt-len) plen="$a" ;; --variants) variants="$a" ;;
+        esac
+        case "$a" in
+            --model=*|--models=*) model="${a#*=}" ;; --backend=*|--backends=*) backend="${a#*=}" ;;
+            --prompt-len=*) plen="${a#*=}" ;; --variants=*) variants="${a#*=}" ;;
+        esac
         prev="$a"
     done
     printf '%s-%s' "${model:-tiny}" "${backend:-triton-nopcg}"
+    if [ -n "$plen" ] && [ "$plen" != 64 ]; then printf -- '-p%s' "$plen"; fi
+    if [ -n "$variants" ] && [ "$variants" != "stock,patched" ]; then printf -- '-%s' "${variants//,/_}"; fi
 }
 # Only [A-Za-z0-9_.-] in file names: the device tool does not bring back a name with "+" in it.
 TAG="$(printf '%s' "${BENCH_TAG:-$(tag_of "$@")}" | tr -c 'A-Za-z0-9_.-' '_')"
@@ -82,7 +120,9 @@ gpu_use_bundle "${BENCH_SITE:-/tmp/site312}"
     python3 -c "from importlib.metadata import entry_points as e; print('entry points:', e(group='sglang.srt.plugins'))"
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1 | head -3
+    gpu_fa3_status
 } >> "$SETUP" 2>&1
+grep -E '^FA3: ' "$SETUP"
 
 BUDGET="${BENCH_BUDGET_S:-555}"
 NOW=$(date +%s)

@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # GPU end-to-end suite, as one command: install the plugin, build the tiny models (target,
 # STANDALONE draft, EAGLE3 draft, tokenizer), then scripts/gpu_e2e.py (stock vs patched SGLang,
-# token for token, over the spec-v2 matrix, retraction, the soak and the text path).
+# token for token, over the spec-v2 matrix, retraction, the soak, the text path and the FA3 set).
 #
-#   bash scripts/gpu/run_e2e.sh                      # every case (~10 min on one H200)
-#   bash scripts/gpu/run_e2e.sh --shard 1/2          # half of them (fits a 10-minute slot)
-#   bash scripts/gpu/run_e2e.sh --cases 'eagle3-triton-*' soak-eagle3-triton-det
+#   bash scripts/gpu/run_e2e.sh --group base         # the suite before the FA3 set (~5-7 min on one H100)
+#   bash scripts/gpu/run_e2e.sh --group fa3 --jobs 10   # the FA3 set, 15 cases (~6-8 min on one H100)
+#   bash scripts/gpu/run_e2e.sh --cases 'default-*' 'fa3-*' 'page16-*' 'radix-*' 'seeded-*' 'eos-*'
+#   bash scripts/gpu/run_e2e.sh --shard 1/2          # half of everything (fits a 10-minute slot)
+#
+# Device calls for the FA3 set (FA3 lives in /tmp of the machine: stage it right before, ../shared/gpu/README.md):
+#   1. carry [".gpu-fa3a"]: bash .gpu-fa3a/stage.sh
+#   2. carry [".gpu-fa3b"]: bash .gpu-fa3b/stage.sh
+#   3. carry [".gpu"]:      bash scripts/gpu/run_e2e.sh --group fa3 --jobs 10
+# Without FA3 the cases that need it (fa3-*, default-*, page16-standalone-fa3, *-eagle3-fa3) are
+# reported as skipped (no FA3); the others run. setup.log and the report say which it was.
 #
 # Arguments go to gpu_e2e.py (see its --help). Results under ${OUT:-./gpu-out}: setup.log,
-# e2e-<tag>.json, e2e-<tag>.txt. Make the Markdown record on your machine:
+# e2e-<tag>.json, e2e-<tag>.txt, logs-<tag>.tar.gz (tag: the groups and shard, or "all"). Make the
+# Markdown record on your machine:
 #   python3 scripts/gpu_e2e.py --merge path/to/e2e-*.json > results/gpu-e2e/README.md
 #
 # Environment knobs: OUT; E2E_SITE (pip --target when .gpu/activate.sh is used, default
@@ -29,7 +38,9 @@ trap 'rm -rf "$MODELS"' EXIT
     fi
     python3 -c "from importlib.metadata import entry_points as e; print('entry points:', e(group='sglang.srt.plugins'))"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    gpu_fa3_status
     python3 scripts/make_tiny_models.py --out "$MODELS"
 } > "$OUT/setup.log" 2>&1 || { echo "setup FAILED"; cat "$OUT/setup.log"; exit 2; }
+grep -E '^FA3: ' "$OUT/setup.log"
 
 python3 scripts/gpu_e2e.py --models "$MODELS" --out "$OUT" "$@"

@@ -5,6 +5,11 @@
 #   a  triton-sync       Triton, piecewise CUDA graph off, CUDA graph on, --sync-probe
 #   b  flashinfer-sync   FlashInfer, piecewise CUDA graph off, CUDA graph on, --sync-probe
 #   c  triton-nograph    Triton, --no-cuda-graph (no probe overhead: its tok/s are the timed ones)
+#   d  default-sync      SGLang's own configuration (no attention backend given: FA3 + piecewise CUDA
+#                        graph on H100/H200), --sync-probe: seq_lens host syncs per decode iteration
+#                        there. Needs FA3 (stage .gpu-fa3a/.gpu-fa3b first; SKIPPED (no FA3) without);
+#                        its Engines compile (piecewise CUDA graph): ~4-5 min for the case alone, so
+#                        run it on its own: MATRIX_CASES="d" (or "d a")
 #
 #   source .gpu/activate.sh; bash scripts/gpu/run_matrix.sh     # results under ${OUT:-./gpu-out}
 #
@@ -19,7 +24,7 @@
 #   MATRIX_CASES         which cases, in order (default "a b c"; e.g. "a" or "c a")
 #   MATRIX_BUDGET_S      seconds for all cases together (default 500); a case starts only when at
 #                        least MATRIX_MIN_CASE_S (default 100) remain, each of its two runs gets
-#                        min(MATRIX_RUN_TIMEOUT_S (default 150), what is left / 2)
+#                        min(MATRIX_RUN_TIMEOUT_S (default 150; 240 for d), what is left / 2)
 #   MATRIX_EXPECT_ZERO   1: pass --expect-zero-seq-lens-syncs in case a (Triton, PCG off) -- once the
 #                        back-port that drops the Triton seq_lens D2H has landed
 #   MATRIX_ARGS          extra arguments for every gpu_smoke.py call
@@ -27,7 +32,8 @@
 #   SMOKE_SITE, SMOKE_SKIP_INSTALL, SMOKE_MODELS: as in run_smoke.sh
 #   SMOKE_NO_ACTIVATE    1: do not source .gpu/activate.sh (a dry run here against a fake sglang)
 # A failing or timed-out case does not stop the others; exit status is 0 only if every case that
-# ran passed and none was skipped.
+# ran passed (or was SKIPPED for no FA3) and none was skipped for lack of time. A harness error
+# (an Engine did not start or did not finish) shows as SMOKE ERROR with the end of its log.
 set -uo pipefail
 
 START=$(date +%s)
@@ -54,6 +60,7 @@ fi
     python3 -c "from importlib.metadata import entry_points as e; print('entry points:', e(group='sglang.srt.plugins'))" 2>&1 | tail -2
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tail -2
     python3 -c "import flashinfer; print('flashinfer', getattr(flashinfer, '__version__', '?'))" 2>&1 | tail -1
+    gpu_fa3_status
 } >> "$MATRIX" 2>&1
 
 SELFTEST_RC=0
@@ -81,16 +88,23 @@ case_args() {
         a) echo "--attention-backend triton --no-piecewise-cuda-graph --cuda-graph --sync-probe$([ "${MATRIX_EXPECT_ZERO:-0}" = 1 ] && echo ' --expect-zero-seq-lens-syncs')" ;;
         b) echo "--attention-backend flashinfer --no-piecewise-cuda-graph --cuda-graph --sync-probe" ;;
         c) echo "--attention-backend triton --no-piecewise-cuda-graph --no-cuda-graph" ;;
+        d) echo "--attention-backend default --cuda-graph --sync-probe" ;;
         *) return 1 ;;
     esac
 }
 case_name() {
-    case "$1" in a) echo triton-sync ;; b) echo flashinfer-sync ;; c) echo triton-nograph ;; *) echo "$1" ;; esac
+    case "$1" in
+        a) echo triton-sync ;; b) echo flashinfer-sync ;; c) echo triton-nograph ;; d) echo default-sync ;;
+        *) echo "$1" ;;
+    esac
+}
+# Engines with piecewise CUDA graph (d) compile at start-up: a longer per-run timeout.
+case_run_timeout() {
+    case "$1" in d) echo "${MATRIX_RUN_TIMEOUT_S:-240}" ;; *) echo "${MATRIX_RUN_TIMEOUT_S:-150}" ;; esac
 }
 
 BUDGET=${MATRIX_BUDGET_S:-500}
 MIN_CASE=${MATRIX_MIN_CASE_S:-100}
-RUN_TIMEOUT=${MATRIX_RUN_TIMEOUT_S:-150}
 OVERALL=0
 BUDGET_START=$(date +%s)
 for c in ${MATRIX_CASES:-a b c}; do
@@ -102,6 +116,7 @@ for c in ${MATRIX_CASES:-a b c}; do
         OVERALL=1
         continue
     fi
+    RUN_TIMEOUT="$(case_run_timeout "$c")"
     t=$(( left / 2 - 5 )); [ "$t" -gt "$RUN_TIMEOUT" ] && t=$RUN_TIMEOUT
     logs="$WORK/logs-$name"
     mkdir -p "$logs"
@@ -111,10 +126,10 @@ for c in ${MATRIX_CASES:-a b c}; do
         --timeout "$t" $args ${MATRIX_ARGS:-} > "$OUT/$name.txt" 2>&1
     rc=$?
     [ "$rc" -ne 0 ] && OVERALL=1
-    verdict="$(grep -E '^SMOKE (PASSED|FAILED)' "$OUT/$name.txt" | tail -1)"
+    verdict="$(grep -E '^SMOKE (PASSED|FAILED|ERROR|SKIPPED)' "$OUT/$name.txt" | tail -1)"
     log "case $c ($name): rc $rc, ${verdict:-no verdict}, $(( $(date +%s) - t0 )) s, per-run timeout ${t} s; args: $args ${MATRIX_ARGS:-}"
     grep -E '^  (stock|patched): [0-9]+ decode iterations' "$OUT/$name.txt" | cut -c1-260 >> "$MATRIX"
-    grep -E '^(stock|patched): .*tok/s' "$OUT/$name.txt" >> "$MATRIX"
+    grep -E '^(stock|patched): .*tok/s|^(stock|patched): [a-z0-9]+( \(SGLang.s default\))?, PCG' "$OUT/$name.txt" >> "$MATRIX"
     grep -E '^  \[FAIL\] [a-z]' "$OUT/$name.txt" | grep -v '\] prompt ' | head -8 >> "$MATRIX"
     for run in stock patched; do
         if [ -f "$logs/$run.log" ]; then

@@ -11,8 +11,14 @@
 #   SMOKE_SKIP_INSTALL  1: do not pip-install the plugin (it is installed already)
 #   SMOKE_MODELS        where to write the tiny models (default: a fresh temporary folder)
 #   SMOKE_ARGS          extra arguments for gpu_smoke.py, e.g. "--no-cuda-graph",
-#                       "--attention-backend flashinfer", "--sync-probe" (see gpu_smoke.py --help;
-#                       several configurations in one command: scripts/gpu/run_matrix.sh)
+#                       "--attention-backend flashinfer", "--sync-probe", or
+#                       "--attention-backend default --sync-probe" (SGLang's own configuration:
+#                       FA3 + piecewise CUDA graph on H100/H200; needs FA3 staged first,
+#                       ../shared/gpu/README.md, and is reported SKIPPED (no FA3) without it)
+#                       (see gpu_smoke.py --help; several configurations in one command:
+#                       scripts/gpu/run_matrix.sh)
+# Exit status: gpu_smoke.py's (0 passed or skipped, 1 failed, 2 harness error: an Engine did not
+# run to the end), else the self-test's. setup.log and summary.txt say whether FA3 was there.
 set -uo pipefail
 
 # shellcheck disable=SC1091
@@ -31,6 +37,7 @@ gpu_use_bundle "${SMOKE_SITE:-/tmp/site312}"
     fi
     python3 -c "from importlib.metadata import entry_points as e; print('entry points:', e(group='sglang.srt.plugins'))"
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+    gpu_fa3_status
 } >> "$SETUP" 2>&1
 
 echo "== harness self-test (CPU)" >> "$SETUP"
