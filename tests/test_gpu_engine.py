@@ -181,3 +181,58 @@ def test_spec_engine_kwargs_and_effective_config() -> None:
     assert ge.config_label(None, requested_backend="default", log_text=line) == "fa3 (SGLang's default), PCG ?"
     assert ge.config_label({"attention_backend": "triton", "disable_piecewise_cuda_graph": True},
                            requested_backend="triton") == "triton, PCG off"
+
+
+# ----------------------------------------------------------------------------- the smoke test's use of it
+
+
+def _smoke_models(tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 4096}))
+    return model
+
+
+def test_smoke_gives_each_engine_its_ports_and_reports_a_dead_engine_as_a_harness_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    seen: dict[str, tuple[dict, dict]] = {}
+
+    def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
+        seen[name] = (spec["engine_kwargs"], env)
+        if name == "patched":
+            return 1, 4.0, None, "Traceback (most recent call last):\ntorch.distributed.DistNetworkError: EADDRINUSE\n"
+        return 0, 4.0, {"pid": 1, "startup_s": 1.0, "outputs": []}, ""
+
+    monkeypatch.setattr(ge, "run_worker", fake_worker)
+    monkeypatch.setenv(ge.FA3_ENV, "0")
+    model = _smoke_models(tmp_path)
+    out = tmp_path / "smoke.json"
+    rc = smoke.main(["--target", str(model), "--draft", str(model), "--log-dir", str(tmp_path / "logs"),
+                     "--out-json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 2 and "SMOKE ERROR" in text and "patched: exit status 1; no result" in text
+    assert "    | torch.distributed.DistNetworkError: EADDRINUSE" in text and "outputs identical" not in text
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "error" and doc["fa3"] is False and not doc["checks"]
+    assert doc["runs"]["patched"]["error"] == "exit status 1; no result" and doc["runs"]["stock"]["error"] is None
+    blocks = []
+    for name, (kw, env) in seen.items():
+        ports = doc["runs"][name]["ports"]
+        assert (kw["port"], kw["nccl_port"], env["SGLANG_PORT"]) == (
+            ports["port"], ports["nccl_port"], str(ports["sglang_port"]))
+        blocks.append(set(range(ports["base"], ports["base"] + ge.PORT_BLOCK)))
+    assert len(blocks) == 2 and not blocks[0] & blocks[1]
+
+
+def test_smoke_skips_the_default_configuration_without_fa3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ge, "run_worker", lambda *a, **k: pytest.fail("no Engine may start"))
+    monkeypatch.setenv(ge.FA3_ENV, "0")
+    model = _smoke_models(tmp_path)
+    out = tmp_path / "smoke.json"
+    assert smoke.main(["--target", str(model), "--draft", str(model), "--attention-backend", "default",
+                       "--log-dir", str(tmp_path / "logs"), "--out-json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "skipped" and doc["fa3"] is False and doc["config"]["piecewise_cuda_graph"] is True
+    kw = smoke.engine_kwargs("t", "d", cuda_graph=True, mem_fraction=0.3, seed=0, attention_backend="default",
+                             piecewise_cuda_graph=True)
+    assert "attention_backend" not in kw and "disable_piecewise_cuda_graph" not in kw
