@@ -87,7 +87,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -847,7 +847,7 @@ def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: 
         n = {side: len(r.get("found") or []) for side, r in (("stock", stock), ("patched", patched))}
         checks.append(Check(f"{name}: outputs met EOS", all(n.values()),
                             f"outputs holding EOS {sc['eos_ids']}: {n} of {len(so)} requests "
-                            f"({len(so) // max(len(sc['rounds'][0]), 1)} rounds)"))
+                            f"({-(-len(so) // max(len(sc['rounds'][0]), 1))} of at most {len(sc['rounds'])} rounds)"))
     if "finish_counts" in patched:
         fc = {side: r.get("finish_counts") or {} for side, r in (("stock", stock), ("patched", patched))}
         checks.append(Check(f"{name}: requests ended on EOS, stop tokens and length",
@@ -990,9 +990,11 @@ def skip_reason(case: Case, n_gpus: int, fa3: bool) -> str | None:
 
 def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, timeout: float,
               stagger_s: float, soak_requests: int, gpu_ids: Sequence[str] = ("0",), fa3: bool | None = None,
-              ports: ge.PortAllocator | None = None) -> list[CaseResult]:
+              ports: ge.PortAllocator | None = None,
+              on_result: Callable[[list[CaseResult]], None] | None = None) -> list[CaseResult]:
     """Every case's stock and patched Engines, ``jobs`` at a time, each with a port block of its
-    own (``ports``); ``fa3``: whether FA3 imports here (default: find out)."""
+    own (``ports``); ``fa3``: whether FA3 imports here (default: find out); ``on_result`` sees
+    the results so far after each case (a run cut short still leaves a record)."""
     fa3 = ge.fa3_available() if fa3 is None else fa3
     ports = ports or ge.PortAllocator()
     skipped = {c.name: why for c in cases if (why := skip_reason(c, len(gpu_ids), fa3))}
@@ -1036,6 +1038,8 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
             if c.name in skipped:
                 print(f"case {c.name}: SKIPPED ({skipped[c.name]})", flush=True)
                 results.append(CaseResult(c, False, [], 0.0, skipped=skipped[c.name], eos_ids=eos_ids))
+                if on_result:
+                    on_result(results)
                 continue
             runs = {m: futures[(c.name, m)].result() for m, _ in RUNS}
             errors = {m: run["error"] for m, run in runs.items() if run.get("error")}
@@ -1055,6 +1059,8 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
             print(f"case {c.name}: {r.status.upper()}"
                   + "".join(f"; {m}: {why}" for m, why in errors.items()), flush=True)
             results.append(r)
+            if on_result:
+                on_result(results)
     return results
 
 
@@ -1154,7 +1160,7 @@ def merge_record_from_docs(docs: Sequence[dict[str, Any]]) -> str:
     cases = [c for d in docs for c in d["cases"]]
     env = docs[0]["environment"] if docs else {}
     _, text = outcome(cases)
-    fa3 = sorted({str(d["environment"].get("fa3", "?")).lower() for d in docs})
+    fa3 = sorted({{True: "yes", False: "no"}.get(d["environment"].get("fa3"), "?") for d in docs})
     lines = [
         "# GPU end-to-end suite: stock SGLang vs SGLang + plugin, token for token",
         "",
@@ -1212,21 +1218,17 @@ def merge_record_from_docs(docs: Sequence[dict[str, Any]]) -> str:
 
 
 def environment(command: str, wall_s: float, fa3: bool | None = None) -> dict[str, Any]:
+    """Date, command, versions, GPU and FA3 of a run; no CUDA context in this process (it is
+    written while Engines run)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     info: dict[str, Any] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                            "command": command, "wall_s": wall_s, "fa3": fa3}
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception as exc:  # noqa: BLE001
-        info["torch"] = f"unavailable ({exc})"
-    try:
-        from importlib.metadata import version
-
-        info["sglang"] = version("sglang")
-    except Exception:  # noqa: BLE001
-        info["sglang"] = None
+                            "command": command, "wall_s": wall_s, "fa3": fa3, "gpu": ge.gpu_name()}
+    for name in ("torch", "sglang"):
+        try:
+            info[name] = version(name)
+        except PackageNotFoundError:
+            info[name] = None
     return info
 
 
@@ -1279,6 +1281,20 @@ def main(argv: list[str] | None = None) -> int:
     fa3 = ge.fa3_available()
     print(ge.fa3_line(fa3), flush=True)
     tag = args.tag or "-".join([*(args.group or []), *([args.shard.replace("/", "of")] if args.shard else [])]) or "all"
+    command = "python3 scripts/gpu_e2e.py " + " ".join(
+        _portable_args(argv if argv is not None else sys.argv[1:]))
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def write(results: Sequence[CaseResult], final: bool) -> str:
+        """e2e-<tag>.json and .txt: after every case (``partial``), then the final record."""
+        summaries = [case_summary(r) for r in results]
+        report = format_report(summaries, fa3) + ("" if final else f"\n(partial: {len(results)}/{len(cases)} cases so far)")
+        doc = {"environment": environment(command, time.perf_counter() - t0, fa3),
+               "fa3": fa3, "partial": not final, "cases": summaries}
+        (args.out / f"e2e-{tag}.json").write_text(json.dumps(doc, indent=1))
+        (args.out / f"e2e-{tag}.txt").write_text(report + "\n")
+        return report
+
     work = Path(tempfile.mkdtemp(prefix="gpu-e2e-"))
     try:
         models = args.models
@@ -1287,22 +1303,14 @@ def main(argv: list[str] | None = None) -> int:
             ge.build_tiny_models(models)
         results = run_cases(cases, models, work, jobs=args.jobs, timeout=args.timeout,
                             stagger_s=args.stagger, soak_requests=args.soak_requests,
-                            gpu_ids=visible_gpus(args.gpus), fa3=fa3)
-        args.out.mkdir(parents=True, exist_ok=True)
+                            gpu_ids=visible_gpus(args.gpus), fa3=fa3, on_result=lambda rs: write(rs, False))
         with tarfile.open(args.out / f"logs-{tag}.tar.gz", "w:gz") as tar:
             for log in sorted(work.glob("*.log")):
                 tar.add(log, arcname=log.name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    summaries = [case_summary(r) for r in results]
-    report = format_report(summaries, fa3)
-    print(report)
-    command = "python3 scripts/gpu_e2e.py " + " ".join(
-        _portable_args(argv if argv is not None else sys.argv[1:]))
-    doc = {"environment": environment(command, time.perf_counter() - t0, fa3), "fa3": fa3, "cases": summaries}
-    (args.out / f"e2e-{tag}.json").write_text(json.dumps(doc, indent=1))
-    (args.out / f"e2e-{tag}.txt").write_text(report + "\n")
-    return 0 if outcome(summaries)[0] or all(r.status == "skipped" for r in results) else 1
+    print(write(results, True))
+    return 0 if outcome([case_summary(r) for r in results])[0] or all(r.status == "skipped" for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ and the scenario driver (run against a small stand-in engine that answers like
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -523,7 +524,7 @@ def test_run_cases_reruns_stock_once_on_a_mismatch(tmp_path: Path, monkeypatch: 
 
 
 def _models(tmp_path: Path) -> Path:
-    (tmp_path / "target").mkdir(exist_ok=True)
+    (tmp_path / "target").mkdir(parents=True, exist_ok=True)
     (tmp_path / "target" / "config.json").write_text('{"vocab_size": 4096, "eos_token_id": 2}')
     return tmp_path
 
@@ -592,7 +593,7 @@ def test_an_engine_that_did_not_start_is_a_harness_error_not_a_mismatch(tmp_path
     record = e2e.merge_record_from_docs([{"environment": {"date": "2026-11-23", "command": "x", "wall_s": 1,
                                                           "fa3": False}, "cases": summaries}])
     assert "| retract-standalone-triton | **ERROR** |" in record and "harness error: patched: exit status 1" in record
-    assert "2 harness errors" in record and "| FA3 | false |" in record
+    assert "2 harness errors" in record and "| FA3 | no |" in record
 
 
 def test_cases_that_need_fa3_are_skipped_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -654,3 +655,28 @@ def test_radix_and_eos_checks() -> None:
     none = {"outputs": [_rec([5])], "found": []}
     (check,) = [c for c in e2e.compare_scenario(search, none, none) if "EOS" in c.name]
     assert not check.ok and "outputs holding EOS [2]: {'stock': 0, 'patched': 0} of 1 requests" in check.detail
+
+
+def test_main_writes_the_record_after_every_case_and_says_whether_fa3_was_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
+        log_path.write_text("engine log\n")
+        sc = spec["scenarios"][0]
+        outs = [_rec([7] * p["max_new_tokens"]) for p in sc["sampling_params"]]
+        return 0, 1.0, {"pid": 10, "startup_s": 1.0, "scenarios": {sc["name"]: {"outputs": outs}}}, ""
+
+    monkeypatch.setattr(ge, "run_worker", fake_worker)
+    models, out = _models(tmp_path / "m"), tmp_path / "out"
+    seen: list[int] = []
+    cases = e2e.select_cases(["retract-*", "default-*"])
+    e2e.run_cases(cases, models, tmp_path, jobs=1, timeout=1, stagger_s=0, soak_requests=10, fa3=False,
+                  on_result=lambda rs: seen.append(len(rs)))
+    assert seen == [1, 2, 3]
+    rc = e2e.main(["--models", str(models), "--cases", "retract-*", "default-*", "--out", str(out), "--jobs", "2",
+                   "--stagger", "0"])
+    doc = json.loads((out / "e2e-all.json").read_text())
+    assert doc["fa3"] is False and doc["environment"]["fa3"] is False and doc["partial"] is False
+    assert [c["status"] for c in doc["cases"]] == ["failed", "skipped", "skipped"]  # the stand-in logs no plugin lines
+    report = (out / "e2e-all.txt").read_text()
+    assert report.startswith("FA3: not installed") and "2 skipped (2 for no FA3)" in report and rc == 1
+    assert (out / "logs-all.tar.gz").exists()
