@@ -42,6 +42,8 @@ SUPPORTED_VERSIONS = ("0.5.12", "0.5.12.post1")
 UPSTREAM_VERSION = Version("0.5.13")
 
 MARK = "__sglang_futuremap_patch__"
+#: ``Target.kind`` of a function that is relied on, not replaced (see :class:`Target`).
+GUARD = "guard"
 
 
 class PatchError(RuntimeError):
@@ -56,8 +58,11 @@ class Target:
     ``expected`` is the fingerprint of the pristine 0.5.12.x object, or :data:`ABSENT`.
     ``kind`` is ``"splice"`` (function re-bound to the target module's globals), ``"wrap"``
     (function keeps the plugin's globals; if ``original_arg`` is set, the original object
-    is passed to the replacement as that keyword-only default) or ``"value"`` (any
-    object set as is, e.g. an imported name the spliced code needs).
+    is passed to the replacement as that keyword-only default), ``"value"`` (any
+    object set as is, e.g. an imported name the spliced code needs) or ``"guard"``
+    (nothing is replaced: an SGLang function whose behaviour a back-port relies on, e.g. a
+    check that keeps some batches away from the changed code; it must still have exactly
+    its 0.5.12.x source, or the gate refuses the whole series; ``replacement`` is None).
     ``import_line`` is the source line the patch series uses for a ``value`` target.
     """
 
@@ -84,6 +89,8 @@ class Backport:
     patch_file: str
     targets: tuple[Target, ...]
     summary: str = ""
+    #: First SGLang release that ships the upstream change (the patch's Applied-Upstream).
+    applied_upstream: str = "0.5.13"
 
     @property
     def pr_list(self) -> str:
@@ -139,6 +146,14 @@ def fingerprint(obj: Any) -> str:
     else:
         text = repr(obj)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def same_value(found: Any, declared: Any) -> bool:
+    """A ``value`` target's object, or a literal constant equal to it (a patched tree's
+    ``NAME = 512`` is another int object than the plugin's)."""
+    if found is declared:
+        return True
+    return type(found) is type(declared) and isinstance(declared, (int, float, str)) and found == declared
 
 
 # ----------------------------------------------------------------------------- resolution
@@ -232,12 +247,19 @@ def _check_target(
     raw = owner.__dict__.get(attr, None) if hasattr(owner, "__dict__") else None
     if any(it.owner is owner and it.attr == attr for it in _STATE.applied):
         return TargetCheck(target, "applied", found=fingerprint(raw))
+    if target.kind == GUARD:
+        if raw is None:
+            return TargetCheck(target, "missing", detail="attribute not found")
+        found = fingerprint(raw)
+        if found != target.expected:
+            return TargetCheck(target, "mismatch", found=found, detail=f"expected {target.expected}")
+        return TargetCheck(target, "ready", found=found)
     if target.expected == ABSENT:
         if raw is not None or (isinstance(owner, types.ModuleType) and hasattr(owner, attr)):
             found = fingerprint(raw) if raw is not None else "?"
             if target.kind != "value" and raw is not None and found == fingerprint(final):
                 return TargetCheck(target, "in-source", found=found)
-            if target.kind == "value" and getattr(owner, attr, None) is target.replacement:
+            if target.kind == "value" and same_value(getattr(owner, attr, None), target.replacement):
                 return TargetCheck(target, "in-source", found=found)
             return TargetCheck(target, "mismatch", found=found, detail="already defined")
         state = "ready"
@@ -317,12 +339,15 @@ def gate(series: Iterable[Backport], version: str | None = None) -> Verdict:
                 checks[bp.id].append(TargetCheck(
                     t, "mismatch", found=prior, detail=f"supersedes {prior}, not {t.expected}"))
     flat = [c for cs in checks.values() for c in cs]
-    states = {c.state for c in flat}
-    if states == {"applied"}:
+    # Guards are never installed: in a patched process or tree they are simply "ready".
+    changed = [c for c in flat if c.target.kind != GUARD]
+    states = {c.state for c in changed}
+    if states == {"applied"} and all(c.state == "ready" for c in flat if c not in changed):
         return Verdict(version, "applied", "already applied in this process", checks)
     # A tree with patches/ applied: every spliced target already is our source. (A wrap
     # target has no source twin: the patch series edits that function in place instead.)
-    if {c.state for c in flat if c.target.kind != "wrap"} == {"in-source"}:
+    if {c.state for c in changed if c.target.kind != "wrap"} == {"in-source"} and all(
+            c.state == "ready" for c in flat if c not in changed):
         return Verdict(version, "upstream", "the source already carries this back-port (patches/ applied)", checks)
     bad = [c for c in flat if c.state not in ("ready",)]
     if bad:
@@ -454,6 +479,8 @@ def install(series: Iterable[Backport], verdict: Verdict) -> list[str]:
     try:
         for bp in series:
             for t in bp.targets:
+                if t.kind == GUARD:
+                    continue  # relied on, never replaced
                 if chains[t.path][-1] is t:  # a function replaced twice: install the last
                     installed.extend(_install(t, bp.id))
     except Exception as exc:

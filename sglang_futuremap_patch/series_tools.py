@@ -41,13 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from sglang_futuremap_patch._engine import ABSENT, Backport, Target, _normalize_text
+from packaging.version import Version
+
+from sglang_futuremap_patch._engine import ABSENT, GUARD, Backport, Target, _normalize_text
 
 logger = logging.getLogger("sglang_futuremap_patch")
 
 #: The release the series is made against (``--base=v<BASE_VERSION>``).
 BASE_VERSION = "0.5.12.post1"
-APPLIED_UPSTREAM = "v0.5.13"
 AUTHOR_NAME = "sglang-futuremap-patch maintainers"
 AUTHOR_EMAIL = "maintainers@sglang-futuremap-patch.invalid"
 #: Author/committer date of the pristine commit: a constant, so its id is reproducible.
@@ -300,6 +301,54 @@ TEXT_EDITS: dict[str, tuple[TextEdit, ...]] = {
     ),
 }
 
+_FA3 = "sglang.srt.layers.attention.flashattention_backend:FlashAttentionBackend"
+_FA3_INIT = f"{_FA3}.init_forward_metadata"
+_FA3_REPLAY = f"{_FA3}.init_forward_metadata_replay_cuda_graph"
+
+# FA3's two metadata entry points (fa3_device_page_table): the plugin wraps them, checks for a
+# missing host mirror and delegates to SGLang's method; the patch puts the same check at the
+# top of the method, where "delegate" is a call to itself with the mirror (or the stand-in).
+TEXT_EDITS[_FA3_INIT] = (
+    TextEdit(
+        _FA3_INIT,
+        old="""\
+        \"\"\"Initialize forward metadata hence all layers in the forward pass can reuse it.\"\"\"
+        metadata = FlashAttentionMetadata()
+""",
+        new="""\
+        \"\"\"Initialize forward metadata hence all layers in the forward pass can reuse it.\"\"\"
+        if forward_batch.seq_lens_cpu is None:
+            # No host mirror (needs_cpu_seq_lens is False): the metadata below reads the host
+            # maximum only to size the page table; give it a stand-in.
+            forward_batch.seq_lens_cpu = self.host_seq_lens_stand_in(forward_batch)
+            try:
+                return self.init_forward_metadata(forward_batch)
+            finally:
+                forward_batch.seq_lens_cpu = None
+        metadata = FlashAttentionMetadata()
+""",
+    ),
+)
+TEXT_EDITS[_FA3_REPLAY] = (
+    TextEdit(
+        _FA3_REPLAY,
+        old="""\
+        \"\"\"Initialize forward metadata for replaying CUDA graph.\"\"\"
+        seq_lens = seq_lens[:bs]
+""",
+        new="""\
+        \"\"\"Initialize forward metadata for replaying CUDA graph.\"\"\"
+        if seq_lens_cpu is None:
+            # No host mirror (needs_cpu_seq_lens is False): build it on the device.
+            return self.replay_spec_metadata_from_device(
+                bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode,
+                spec_info, out_cache_loc,
+            )
+        seq_lens = seq_lens[:bs]
+""",
+    ),
+)
+
 #: What the commit message says about each text edit (the patch differs from the plugin there).
 TEXT_EDIT_NOTES: dict[str, str] = {
     _RUN_BATCH: (
@@ -307,6 +356,16 @@ TEXT_EDIT_NOTES: dict[str, str] = {
         "method; this patch makes the same change inside the stock method: it dispatches "
         "spec-v2 overlap batches to forward_spec_v2_overlap before a worker batch is built, "
         "and drops the spec-v2 lines of the overlap branch, which no batch reaches any more."
+    ),
+    _FA3_INIT: (
+        "The plugin wraps FlashAttentionBackend.init_forward_metadata and delegates to the "
+        "stock method with the stand-in in place; this patch inserts the same lines at the "
+        "top of the method, which then calls itself with the stand-in."
+    ),
+    _FA3_REPLAY: (
+        "The plugin wraps FlashAttentionBackend.init_forward_metadata_replay_cuda_graph and "
+        "delegates to the stock method when the batch has a host mirror; this patch inserts "
+        "the same check at the top of the method."
     ),
 }
 
@@ -544,8 +603,10 @@ def _text_edit(text: str, target: Target) -> str:
 
 
 def splice_target(tree: Path, target: Target) -> Path:
-    """Write one target into its SGLang file; returns the file."""
+    """Write one target into its SGLang file; returns the file (a guard writes nothing)."""
     path = module_file(tree, target.owner)
+    if target.kind == GUARD:
+        return path
     text = path.read_text()
     if target.kind == "splice":
         text = _splice_function(text, target)
@@ -599,13 +660,18 @@ def commit_message(bp: Backport, date: str, series: Sequence[Backport]) -> str:
     for target in bp.targets:
         if target.path in TEXT_EDIT_NOTES:
             body.append(_prose(TEXT_EDIT_NOTES[target.path]))
+    guards = [t.name for t in bp.targets if t.kind == GUARD]
+    if guards:
+        body.append(_prose(
+            "This change relies on these functions as they are (the plugin refuses to patch "
+            "a tree where their source differs): " + ", ".join(guards) + "."))
     depends = re.search(r"Depends on back-port (\d+)/\d+", doc)
     if depends:
         n = int(depends.group(1))
         body.append(_prose(f'This patch depends on patch {n}/{len(series)} ("{series[n - 1].title}").'))
     trailers = [f"Origin: backport, {PR_URL.format(pr)}" for pr in bp.upstream_prs]
     trailers += [
-        f"Applied-Upstream: {APPLIED_UPSTREAM}",
+        f"Applied-Upstream: v{bp.applied_upstream}",
         f"Last-Update: {date}",
         f"Plugin-Module: {_plugin_module_path(bp)}",
     ]
@@ -621,8 +687,11 @@ def _cover_letter(series: Sequence[Backport], version: str) -> tuple[str, str]:
         "scheduler reads the post-verify sequence lengths from a FutureMap relay instead of "
         "waiting for verify. They are generated from the sglang-futuremap-patch plugin, "
         "which installs the very same functions at run time; regenerate them with "
-        "scripts/export_patches.py instead of editing them by hand. Drop the series when "
-        "moving to v0.5.13 or later."
+        "scripts/export_patches.py instead of editing them by hand. The later patches carry "
+        "what upstream did after v0.5.13 to make the default configurations (piecewise CUDA "
+        "graph, FA3) free of the host sync too; each patch names the first release that has "
+        "it (Applied-Upstream, also listed below). Drop the series when moving to "
+        f"v{max((bp.applied_upstream for bp in series), key=Version)} or later."
     )
     how = "\n".join([
         "How to apply",
@@ -650,7 +719,8 @@ def _cover_letter(series: Sequence[Backport], version: str) -> tuple[str, str]:
         f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}".rstrip() for r in rows
     )
     patches = "\n".join(
-        f"  {i:04d}  {bp.title}\n        {name}" for i, (bp, name) in enumerate(zip(series, names), 1)
+        f"  {i:04d}  {bp.title}\n        {name}\n        upstream since v{bp.applied_upstream}"
+        for i, (bp, name) in enumerate(zip(series, names), 1)
     )
     all_prs = sorted({pr for bp in series for pr in bp.upstream_prs})
     links = "\n".join(f"  #{pr}  {PR_URL.format(pr)}" for pr in all_prs)
@@ -698,7 +768,7 @@ def export_series(
         raise SeriesError(f"{tree} is not at v{version}")
 
     for bp in series:
-        touched = sorted({splice_target(tree, t) for t in bp.targets})
+        touched = sorted({splice_target(tree, t) for t in bp.targets if t.kind != GUARD})
         _git(tree, "add", "--", *[str(p.relative_to(tree)) for p in touched], env=env)
         proc = subprocess.run(
             ["git", "-C", str(tree), "commit", "-q", "--no-verify", "--cleanup=verbatim", "-F", "-"],

@@ -66,7 +66,7 @@ def test_decision(patched):
     assert decide(_args(), all_triton) is False
     assert decide(_args(), (_triton(), None, None)) is False  # None slots are skipped
     assert decide(_args(tbo=True), all_triton) is True
-    assert decide(_args(pcg_disabled=False), all_triton) is True  # the default server
+    # Piecewise CUDA graph no longer forces it once back-port 7 is in: test_pcg_no_mirror.py.
     assert decide(_args(), (_triton(), _flashinfer(), _triton())) is True
     assert decide(_args(), (_triton(), object())) is True  # undeclared: needs it
 

@@ -20,8 +20,20 @@ from sglang_futuremap_patch._engine import ABSENT, normalized_source
 
 from test_series import PATCHES, clone, pristine_tree
 
-#: The one target the patches do not paste: see test_run_batch_is_the_declared_exception.
+#: The targets the patches do not paste: see test_wrapped_targets_are_the_declared_exceptions.
 RUN_BATCH = "sglang.srt.managers.scheduler:Scheduler.run_batch"
+_FA3 = "sglang.srt.layers.attention.flashattention_backend:FlashAttentionBackend"
+#: wrapped target -> lines its patched source must contain
+WRAPPED = {
+    RUN_BATCH: ["batch_result = self.forward_spec_v2_overlap(batch)", "batch.is_spec_v2"],
+    f"{_FA3}.init_forward_metadata": [
+        "forward_batch.seq_lens_cpu = self.host_seq_lens_stand_in(forward_batch)",
+        "return self.init_forward_metadata(forward_batch)",
+    ],
+    f"{_FA3}.init_forward_metadata_replay_cuda_graph": [
+        "return self.replay_spec_metadata_from_device(",
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -78,23 +90,42 @@ def test_added_values_are_the_plugin_values(series, patched):
             assert ast.literal_eval(node.value) == t.replacement, t.path
 
 
-def test_run_batch_is_the_declared_exception(series, patched):
-    """``Scheduler.run_batch`` cannot be compared with its replacement.
+def test_wrapped_targets_are_the_declared_exceptions(series, patched):
+    """The wrapped targets cannot be compared with their replacements.
 
-    The plugin *wraps* it: the wrapper runs spec-v2 overlap batches itself and hands every
-    other batch to the stock method, which it receives as ``_stock_run_batch``. A source
-    patch has no stock method to delegate to, so the patch edits the stock method instead
-    (``series_tools.TEXT_EDITS``): it dispatches spec-v2 overlap batches to
-    ``forward_spec_v2_overlap`` and drops the spec-v2 lines that no batch reaches any more.
-    What can be checked is that both edits are there.
+    The plugin *wraps* them and delegates to the stock method, which it receives as a
+    keyword default. A source patch has no stock method to delegate to, so the patch edits
+    the stock method instead (``series_tools.TEXT_EDITS``):
+
+    * ``Scheduler.run_batch``: dispatches spec-v2 overlap batches to
+      ``forward_spec_v2_overlap`` and drops the spec-v2 lines that no batch reaches any more;
+    * FA3's ``init_forward_metadata``: a batch without the host mirror gets the stand-in and
+      the method calls itself;
+    * FA3's ``init_forward_metadata_replay_cuda_graph``: a batch without the host mirror is
+      built on the device.
+
+    What can be checked is that every edit is there, and the rest of the method is stock.
     """
-    assert [t.path for t in _targets(series, "wrap")] == [RUN_BATCH]
-    assert set(series_tools.TEXT_EDITS) == {RUN_BATCH}
-    source = series_tools.patched_function_sources(patched, series)[RUN_BATCH]
-    assert source is not None
-    assert "batch_result = self.forward_spec_v2_overlap(batch)" in source
-    assert "batch.seq_lens = batch_result.next_draft_input.new_seq_lens" not in source
-    assert "batch.is_spec_v2" in source  # the dispatch condition, as in the plugin wrapper
+    assert sorted(t.path for t in _targets(series, "wrap")) == sorted(WRAPPED)
+    assert set(series_tools.TEXT_EDITS) == set(WRAPPED)
+    sources = series_tools.patched_function_sources(patched, series)
+    for path, lines in WRAPPED.items():
+        source = sources[path]
+        assert source is not None, path
+        for line in lines:
+            assert line in source, (path, line)
+        for edit in series_tools.TEXT_EDITS[path]:
+            assert edit.new in source and (edit.old not in source or edit.old in edit.new)
+    assert "batch.seq_lens = batch_result.next_draft_input.new_seq_lens" not in sources[RUN_BATCH]
+
+
+def test_guards_are_left_as_they_are(series, pristine, patched):
+    before = series_tools.patched_function_sources(pristine, series)
+    after = series_tools.patched_function_sources(patched, series)
+    guards = [t.path for t in _targets(series, "guard")]
+    assert guards, "the series declares guards (pcg-no-mirror)"
+    for path in guards:
+        assert before[path] is not None and after[path] == before[path], path
 
 
 def test_replaced_functions_were_the_fingerprinted_originals(series, pristine):

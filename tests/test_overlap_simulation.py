@@ -29,6 +29,7 @@ import torch
 from conftest import activate_backport, plugin_only
 from sim_support import (
     HIDDEN,
+    SPEC_TOPK,
     VOCAB,
     ContractWorker,
     HostSyncProbe,
@@ -55,6 +56,48 @@ ARRIVALS = {
 }
 ABORT_AT = {11: 3}  # iteration -> rid number aborted (req.to_finish) before that iteration
 MAX_ITERS = 60
+
+#: config -> (mirror expected, attention backends declared, piecewise CUDA graph on). Piecewise
+#: CUDA graph is SGLang's default; back-port 7 stops it from forcing the mirror on.
+CONFIGS = {
+    "mirror": (True, "flashinfer", True),
+    "no_mirror": (False, "triton", False),
+    "no_mirror_pcg": (False, "triton", True),
+    "fa3_pcg": (False, "fa3", True),
+}
+
+
+def declared_backends(kind):
+    """Target, draft-decode and draft-extend backends of one kind, as a worker lists them."""
+    from sglang.srt.layers.attention import flashattention_backend as fa
+    from sglang.srt.layers.attention.flashinfer_backend import (
+        FlashInferAttnBackend,
+        FlashInferMultiStepDraftBackend,
+    )
+    from sglang.srt.layers.attention.triton_backend import (
+        TritonAttnBackend,
+        TritonMultiStepDraftBackend,
+    )
+
+    if kind == "triton":
+        return (object.__new__(TritonAttnBackend), object.__new__(TritonMultiStepDraftBackend),
+                object.__new__(TritonAttnBackend))
+    if kind == "flashinfer":
+        return (object.__new__(FlashInferAttnBackend),
+                object.__new__(FlashInferMultiStepDraftBackend),
+                object.__new__(FlashInferAttnBackend))
+
+    def fa3(step_id=0):  # what FlashAttentionBackend.__init__ sets for a Llama-style model
+        b = object.__new__(fa.FlashAttentionBackend)
+        b.__dict__.update(fa_impl_ver=3, topk=SPEC_TOPK, use_mla=False, has_swa=False,
+                          use_sliding_window_kv_pool=False, has_local_attention=False,
+                          is_encoder_decoder=False, attn_cp_size=1, num_splits=0,
+                          speculative_step_id=step_id)
+        return b
+
+    multi = object.__new__(fa.FlashAttentionMultiStepBackend)
+    multi.attn_backends = [fa3(i) for i in range(2)]
+    return (fa3(), multi, fa3())
 
 
 @pytest.fixture(scope="module")
@@ -92,16 +135,14 @@ def rig(patched, monkeypatch):
 
 
 class Simulation:
-    def __init__(self, algorithm, worker_cls, probe, mirror=True):
-        """``mirror`` False: every attention backend is Triton and piecewise CUDA graph is
-        off, so ``init_overlap`` must turn the seq_lens host mirror off (back-port 4)."""
-        from sglang.srt.layers.attention.triton_backend import (
-            TritonAttnBackend,
-            TritonMultiStepDraftBackend,
-        )
+    def __init__(self, algorithm, worker_cls, probe, config="mirror"):
+        """``config`` (see ``CONFIGS``): which attention backends the worker declares and
+        whether piecewise CUDA graph is on; ``init_overlap`` must keep the seq_lens host
+        mirror exactly when one of those backends needs it (back-ports 4, 7 and 8)."""
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.speculative.spec_utils import spec_need_hidden_states
 
+        mirror, backends, pcg = CONFIGS[config]
         self.algorithm = algorithm
         self.probe = probe
         self.mirror = mirror
@@ -113,17 +154,11 @@ class Simulation:
         self.model_config = SimpleNamespace(
             vocab_size=VOCAB, is_encoder_decoder=False, is_matryoshka=False,
             hidden_size=HIDDEN, context_len=CONTEXT_LEN)
-        server_args = None
-        if not mirror:
-            server_args = SimpleNamespace(
-                enable_dp_attention=False, elastic_ep_backend=None,
-                enable_two_batch_overlap=False, disable_piecewise_cuda_graph=True)
-            # Real backend classes (no __init__: their declaration is all that is read).
-            self.worker.spec_v2_attn_backends = (
-                object.__new__(TritonAttnBackend),
-                object.__new__(TritonMultiStepDraftBackend),
-                object.__new__(TritonAttnBackend),
-            )
+        server_args = SimpleNamespace(
+            enable_dp_attention=False, elastic_ep_backend=None,
+            enable_two_batch_overlap=False, disable_piecewise_cuda_graph=not pcg)
+        # Real backend classes (no __init__: their declarations are all that is read).
+        self.worker.spec_v2_attn_backends = declared_backends(backends)
         self.sched = make_scheduler(self.worker, algorithm, self.req_to_token_pool,
                                     self.allocator, self.tree_cache, self.model_config,
                                     server_args=server_args)
@@ -357,13 +392,14 @@ def _all_done(sim):
 # --------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("mirror", [True, False], ids=["mirror", "no_mirror"])
+@pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("worker_cls", [ContractWorker, NoCallbackWorker],
                          ids=["on_publish", "safety_net"])
-def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls, mirror):
+def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls, config):
     rig.use(algorithm)
-    sim = Simulation(algorithm, worker_cls, rig.probe, mirror=mirror).run()
+    sim = Simulation(algorithm, worker_cls, rig.probe, config).run()
+    mirror = sim.mirror
     _all_done(sim)
     # resolve_seq_lens_cpu ran before every decode; it reads the device lengths back
     # exactly when the mirror is on (back-port 4: never without it).

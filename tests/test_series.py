@@ -118,7 +118,7 @@ _IMPORT_CHECK = textwrap.dedent(
     """
     import importlib, json, sys
     import sglang
-    from sglang_futuremap_patch._engine import ABSENT, fingerprint
+    from sglang_futuremap_patch._engine import ABSENT, fingerprint, same_value
     from sglang_futuremap_patch.backports import load_series
 
     applied = int(sys.argv[1])
@@ -144,11 +144,13 @@ _IMPORT_CHECK = textwrap.dedent(
             for p in parents:
                 owner = getattr(owner, p)
             raw = vars(owner).get(attr)
-            if i < applied and t.kind == "splice":
+            if t.kind == "guard":  # relied on, never changed
+                ok = raw is not None and fingerprint(raw) == t.expected
+            elif i < applied and t.kind == "splice":
                 ok = raw is not None and fingerprint(raw) == fingerprint(t.replacement)
             elif i < applied and t.kind == "value":
-                ok = getattr(owner, attr, None) is t.replacement
-            elif i < applied:  # the run_batch text edit
+                ok = same_value(getattr(owner, attr, None), t.replacement)
+            elif i < applied:  # a wrap target: the patch's text edit
                 ok = raw is not None and fingerprint(raw) != t.expected
             elif t.expected == ABSENT:
                 ok = attr not in vars(owner)
@@ -226,7 +228,7 @@ def test_patch_headers(series, patch_files):
         origins = [f"Origin: backport, {PR_URL.format(pr)}" for pr in bp.upstream_prs]
         module = series_tools.backport_module(bp).__name__.replace(".", "/") + ".py"
         assert trailers == origins + [
-            "Applied-Upstream: v0.5.13",
+            f"Applied-Upstream: v{bp.applied_upstream}",
             f"Last-Update: {date}",
             f"Plugin-Module: {module}",
         ], patch.name

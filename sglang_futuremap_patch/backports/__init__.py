@@ -15,6 +15,8 @@ SERIES: tuple[str, ...] = (
     "cpu_seq_lens_optional",
     "private_d2h",
     "fused_gather",
+    "pcg_no_mirror",
+    "fa3_device_page_table",
 )
 
 

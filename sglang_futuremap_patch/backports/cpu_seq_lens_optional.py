@@ -32,7 +32,10 @@ ScheduleBatch.get_model_worker_batch, copy()   unchanged: None is copied through
 EagleVerifyInputV2Mixin.prepare_for_v2_verify  unchanged: copies None onto the verify input;
                                                its only reader is TBO (forces the mirror on)
 EagleDraftWorker.draft,                        tree-mask sizing: 0 with a preallocated mask
-MultiLayerEagleDraftWorker.draft               (CUDA graph), else bs * pool row width
+MultiLayerEagleDraftWorker.draft               (CUDA graph); the small QLEN_ONLY layout when
+                                               the verify backend declares
+                                               ``reads_verify_tree_mask = False`` (FA3 with
+                                               topk 1, back-port 8); else bs * pool row width
 ForwardBatch.init_new                          unchanged: copies None through (its extend
                                                block is fed host lists, see next row)
 ForwardBatch._pad_inputs_to_size (DP)          sum stays None
@@ -1159,18 +1162,21 @@ def eagle_draft(self, model_worker_batch: ModelWorkerBatch):
 
     # Build tree mask
     # Directly write to cuda graph buffers for verify attn
-    tree_mask_buf, position_buf = (
-        self.target_worker.model_runner.attn_backend.get_verify_buffers_to_fill_after_draft()
-    )
+    verify_backend = self.target_worker.model_runner.attn_backend
+    tree_mask_buf, position_buf = verify_backend.get_verify_buffers_to_fill_after_draft()
     # seq_lens_sum only sizes a tree mask that is not preallocated; without the
-    # host mirror it is None: a pool row per request is an upper bound.
+    # host mirror it is None.
+    tree_mask_mode = self.tree_mask_mode
     seq_lens_sum = model_worker_batch.seq_lens_sum
-    if seq_lens_sum is None:
+    if seq_lens_sum is None and tree_mask_buf is not None:
+        seq_lens_sum = 0
+    elif seq_lens_sum is None and not getattr(verify_backend, "reads_verify_tree_mask", True):
+        # The verify never reads the mask: its small layout, not sized by the lengths.
+        seq_lens_sum, tree_mask_mode = 0, TreeMaskMode.QLEN_ONLY
+    elif seq_lens_sum is None:
+        # A pool row per request is an upper bound.
         seq_lens_sum = (
-            0
-            if tree_mask_buf is not None
-            else len(model_worker_batch.seq_lens)
-            * self.req_to_token_pool.req_to_token.shape[1]
+            len(model_worker_batch.seq_lens) * self.req_to_token_pool.req_to_token.shape[1]
         )
 
     (
@@ -1190,7 +1196,7 @@ def eagle_draft(self, model_worker_batch: ModelWorkerBatch):
         self.topk,
         self.speculative_num_steps,
         self.speculative_num_draft_tokens,
-        self.tree_mask_mode,
+        tree_mask_mode,
         tree_mask_buf,
         position_buf,
     )
@@ -1235,18 +1241,21 @@ def multi_layer_draft(self, model_worker_batch: ModelWorkerBatch):
 
     # Build tree mask
     # Directly write to cuda graph buffers for verify attn
-    tree_mask_buf, position_buf = (
-        self.target_worker.model_runner.attn_backend.get_verify_buffers_to_fill_after_draft()
-    )
+    verify_backend = self.target_worker.model_runner.attn_backend
+    tree_mask_buf, position_buf = verify_backend.get_verify_buffers_to_fill_after_draft()
     # seq_lens_sum only sizes a tree mask that is not preallocated; without the
-    # host mirror it is None: a pool row per request is an upper bound.
+    # host mirror it is None.
+    tree_mask_mode = self.tree_mask_mode
     seq_lens_sum = model_worker_batch.seq_lens_sum
-    if seq_lens_sum is None:
+    if seq_lens_sum is None and tree_mask_buf is not None:
+        seq_lens_sum = 0
+    elif seq_lens_sum is None and not getattr(verify_backend, "reads_verify_tree_mask", True):
+        # The verify never reads the mask: its small layout, not sized by the lengths.
+        seq_lens_sum, tree_mask_mode = 0, TreeMaskMode.QLEN_ONLY
+    elif seq_lens_sum is None:
+        # A pool row per request is an upper bound.
         seq_lens_sum = (
-            0
-            if tree_mask_buf is not None
-            else len(model_worker_batch.seq_lens)
-            * self.req_to_token_pool.req_to_token.shape[1]
+            len(model_worker_batch.seq_lens) * self.req_to_token_pool.req_to_token.shape[1]
         )
     (
         tree_mask,
@@ -1265,7 +1274,7 @@ def multi_layer_draft(self, model_worker_batch: ModelWorkerBatch):
         self.topk,
         self.speculative_num_steps,
         self.speculative_num_draft_tokens,
-        self.tree_mask_mode,
+        tree_mask_mode,
         tree_mask_buf,
         position_buf,
     )
