@@ -175,6 +175,12 @@ def fa3_cases() -> list[Case]:
     det = (("enable_deterministic_inference", True),)
     cases.append(Case("seeded-standalone-triton", "STANDALONE", "triton", True, False, "seeded", det))
     cases.append(Case("seeded-eagle3-fa3", "EAGLE3", "fa3", True, False, "seeded", det))
+    # FA3's eager paths without the host mirror: num_splits pinned to 1 by deterministic
+    # inference and no CUDA graph (static page-table width), and CUDA graph with batches above
+    # cuda_graph_max_bs (the lengths copied to the host on that eager path only).
+    cases.append(Case("fa3-det-standalone-nograph", "STANDALONE", "fa3", False, False, "matrix", det))
+    cases.append(Case("fa3-standalone-graph-pcg-maxbs8", "STANDALONE", "fa3", True, True, "matrix",
+                      (("cuda_graph_max_bs", 8),)))
     return cases
 
 
@@ -208,11 +214,12 @@ def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repea
 def engine_kwargs(case: Case, models: Path) -> dict[str, Any]:
     draft = models / ("eagle3" if case.algorithm == "EAGLE3" else "draft")
     default = case.backend == "default"
+    extra = dict(case.extra)
     return ge.spec_engine_kwargs(
         str(models / "target"), str(draft), algorithm=case.algorithm, backend=case.backend,
         cuda_graph=case.cuda_graph, pcg=None if default else case.pcg, mem_fraction=0.06,
-        cuda_graph_max_bs=64, pcg_max_tokens=512 if case.pcg else None,
-        **dict({"chunked_prefill_size": 512, "max_running_requests": 56, "max_total_tokens": 65536}, **dict(case.extra)))
+        cuda_graph_max_bs=extra.pop("cuda_graph_max_bs", 64), pcg_max_tokens=512 if case.pcg else None,
+        **dict({"chunked_prefill_size": 512, "max_running_requests": 56, "max_total_tokens": 65536}, **extra))
 
 
 # ----------------------------------------------------------------------------- workloads
