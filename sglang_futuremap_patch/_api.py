@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from sglang_futuremap_patch import _engine
 from sglang_futuremap_patch._engine import Backport, PatchError, Verdict
@@ -12,6 +13,8 @@ from sglang_futuremap_patch._engine import Backport, PatchError, Verdict
 ENV_VAR = "SGLANG_FUTUREMAP_PATCH"
 MODES = ("off", "safe", "strict")
 PREFIX = "sglang_futuremap_patch:"
+#: ``Verdict.decision`` when SGLang itself does not import (a broken install, a CPU host).
+UNAVAILABLE = "unavailable"
 
 logger = logging.getLogger("sglang_futuremap_patch")
 
@@ -38,6 +41,34 @@ class Report:
     def patched(self) -> bool:
         return bool(self.applied)
 
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain data (``sglang-futuremap-patch status --json``)."""
+        from sglang_futuremap_patch import __version__
+
+        v = self.verdict
+        return {
+            "plugin_version": __version__,
+            "sglang_version": v.sglang_version,
+            "mode": self.mode,
+            "verdict": v.decision,
+            "reason": v.reason,
+            "backports": [
+                {
+                    "id": bp.id,
+                    "title": bp.title,
+                    "upstream_prs": list(bp.upstream_prs),
+                    "applied_upstream": bp.applied_upstream,
+                    "patch": bp.patch_file,
+                    "targets": [
+                        {"path": c.target.path, "kind": c.target.kind, "expected": c.target.expected,
+                         "state": c.state, "found": c.found, "detail": c.detail}
+                        for c in v.checks.get(bp.id, [])
+                    ],
+                }
+                for bp in self.series
+            ],
+        }
+
 
 def _load(version: str) -> tuple[tuple[Backport, ...], Verdict]:
     early = _engine.version_verdict(version)
@@ -52,10 +83,27 @@ def _load(version: str) -> tuple[tuple[Backport, ...], Verdict]:
     return series, _engine.gate(series, version)
 
 
+def sglang_unavailable() -> Verdict | None:
+    """The verdict when SGLang cannot be imported at all, else None."""
+    problem = _engine.sglang_import_error()
+    if problem is None:
+        return None
+    return Verdict("unknown", UNAVAILABLE, f"SGLang cannot be imported ({problem})")
+
+
+def _detect(version: str | None) -> str | Verdict:
+    """``version``, else the installed SGLang's, or the verdict when SGLang does not import."""
+    if version:
+        return version
+    return sglang_unavailable() or _engine.sglang_version()
+
+
 def status(version: str | None = None) -> Report:
     """Inspect the installed SGLang without changing it."""
-    version = version or _engine.sglang_version()
-    series, verdict = _load(version)
+    found = _detect(version)
+    if isinstance(found, Verdict):
+        return Report(read_mode_or_default(), found)
+    series, verdict = _load(found)
     return Report(read_mode_or_default(), verdict, series, _engine.applied_backports())
 
 
@@ -76,11 +124,12 @@ def apply(mode: str | None = None, version: str | None = None) -> Report:
     mode = read_mode() if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-    version = version or _engine.sglang_version()
+    found = _detect(version)
+    version = found.sglang_version if isinstance(found, Verdict) else found
     if mode == "off":
         _engine.announce(logging.INFO, f"{PREFIX} disabled by {ENV_VAR}=off; SGLang {version} left untouched")
         return Report(mode, Verdict(version, "off", f"{ENV_VAR}=off"))
-    series, verdict = _load(version)
+    series, verdict = ((), found) if isinstance(found, Verdict) else _load(version)
     report = Report(mode, verdict, series)
     if verdict.decision == "applied":
         report.applied = _engine.applied_backports()

@@ -218,7 +218,7 @@ class TargetCheck:
 @dataclass
 class Verdict:
     sglang_version: str
-    decision: str  # "patch" | "upstream" | "unsupported" | "mismatch" | "applied"
+    decision: str  # "patch" | "upstream" | "unsupported" | "mismatch" | "applied" | "unavailable"
     reason: str
     checks: dict[str, list[TargetCheck]] = field(default_factory=dict)
 
@@ -231,6 +231,16 @@ def sglang_version() -> str:
     import sglang
 
     return str(getattr(sglang, "__version__", "unknown"))
+
+
+def sglang_import_error() -> str | None:
+    """Why ``import sglang`` fails here (e.g. ``ModuleNotFoundError: No module named
+    'torchvision'``), or None when it imports."""
+    try:
+        import sglang  # noqa: F401
+    except Exception as exc:  # a broken install raises more than ImportError (asserts, OSError)
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _check_target(

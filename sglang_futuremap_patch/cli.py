@@ -3,18 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
 
 from sglang_futuremap_patch import _engine
-from sglang_futuremap_patch._api import ENV_VAR, MODES, Report, apply, read_mode, status
+from sglang_futuremap_patch._api import (
+    ENV_VAR,
+    MODES,
+    UNAVAILABLE,
+    Report,
+    Verdict,
+    apply,
+    read_mode,
+    sglang_unavailable,
+    status,
+)
+
+#: Exit status when SGLang itself cannot be imported (status, verify).
+EXIT_NO_SGLANG = 3
 
 EPILOG = f"""\
 The plugin runs by itself inside SGLang (entry point group sglang.srt.plugins).
 {ENV_VAR}={'|'.join(MODES)} chooses what it does (default: safe, which leaves SGLang untouched
 and logs one WARNING line whenever anything is unexpected; strict stops SGLang instead).
+
+Exit status of status and verify: 0 patched (or nothing to do: SGLang 0.5.13+ or a patched
+source), 1 SGLang left unpatched or a check failed, 2 invalid {ENV_VAR}, {EXIT_NO_SGLANG} SGLang
+cannot be imported.
 """
+
+
+def _unavailable(verdict: Verdict) -> int:
+    """One line for an SGLang that does not import: the error and what to do about it."""
+    if "No module named 'sglang'" in verdict.reason:
+        todo = "install SGLang 0.5.12.x into this Python environment, or run this command with the Python that has it"
+    else:
+        todo = ("fix that install (python -c 'import sglang' shows the traceback); on a CPU-only host "
+                "SGLang needs stand-ins for torchvision and sgl_kernel: run through scripts/cpu-env.sh "
+                "of a source checkout")
+    print(f"error: {verdict.reason}; {todo}", file=sys.stderr)
+    return EXIT_NO_SGLANG
 
 
 def _print_report(report: Report) -> None:
@@ -33,7 +63,12 @@ def _print_report(report: Report) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     report = status()
-    _print_report(report)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    elif report.verdict.decision != UNAVAILABLE:
+        _print_report(report)
+    if report.verdict.decision == UNAVAILABLE:
+        return _unavailable(report.verdict)
     if report.mode == "invalid":
         print(f"\nerror: {ENV_VAR} has an invalid value; the plugin will not patch", file=sys.stderr)
         return 2
@@ -48,6 +83,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    unavailable = sglang_unavailable()
+    if unavailable is not None:
+        return _unavailable(unavailable)
     try:
         report = apply(mode="strict")
     except PatchError as exc:
@@ -74,10 +112,19 @@ def cmd_patches(args: argparse.Namespace) -> int:
     from sglang_futuremap_patch import series_tools
 
     patches_dir = Path(args.patches) if args.patches else series_tools.DEFAULT_PATCHES_DIR
-    if not (patches_dir / "series").is_file():
-        print(f"error: no patch series at {patches_dir}; pass --patches path/to/patches "
-              "(the folder in this project's source checkout)", file=sys.stderr)
+    if not (patches_dir / series_tools.SERIES_FILE).is_file():
+        print(f"error: no patch series at {patches_dir}; pass --patches path/to/patches",
+              file=sys.stderr)
         return 2
+    if args.action == "export":
+        try:
+            written = series_tools.copy_series(Path(args.out), patches_dir)
+        except series_tools.SeriesError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {len(written)} files to {args.out}; on an SGLang v0.5.12.post1 checkout: "
+              f"git am -k --3way --empty=drop {Path(args.out) / '*.patch'}")
+        return 0
     action = series_tools.check if args.action == "check" else series_tools.apply
     ok, message = action(Path(args.repo), patches_dir)
     print(message, file=sys.stdout if ok else sys.stderr)
@@ -91,15 +138,25 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--traceback", action="store_true",
+                        help="on an unexpected error, show the Python traceback instead of one line")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="show the SGLang version, the verdict and every back-port's targets"
-                   ).set_defaults(func=cmd_status)
+    p = sub.add_parser("status", help="show the SGLang version, the verdict and every back-port's targets")
+    p.add_argument("--json", action="store_true", help="print the same as one JSON object")
+    p.set_defaults(func=cmd_status)
     sub.add_parser("verify", help="apply in this process (strict) and run a CPU self-check"
                    ).set_defaults(func=cmd_verify)
-    p = sub.add_parser("patches", help="check or apply patches/ on an SGLang git checkout")
-    p.add_argument("action", choices=("check", "apply"))
-    p.add_argument("--repo", required=True, help="SGLang repository at v0.5.12.post1 (or v0.5.12)")
-    p.add_argument("--patches", help="the patch series folder (default: patches/ of this checkout)")
+    p = sub.add_parser("patches", help="check or apply the patch series on an SGLang git checkout, "
+                       "or export it for git am")
+    actions = p.add_subparsers(dest="action", required=True)
+    for action, help_text in (("check", "does the series apply? (the checkout is left untouched)"),
+                              ("apply", "git am -k --3way the series, all or nothing")):
+        a = actions.add_parser(action, help=help_text)
+        a.add_argument("--repo", required=True, help="SGLang repository at v0.5.12.post1 (or v0.5.12)")
+    a = actions.add_parser("export", help="write the series (cover letter, patches, series) to a folder")
+    a.add_argument("--out", required=True, help="a new or empty folder")
+    for a in actions.choices.values():
+        a.add_argument("--patches", help="the patch series folder (default: the one this install carries)")
     p.set_defaults(func=cmd_patches)
     return parser
 
@@ -107,7 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if args.traceback:
+            raise
+        print(f"error: unexpected {type(exc).__name__}: {exc} (rerun with --traceback for details)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -56,8 +56,12 @@ PRISTINE_DATE = "2000-01-01T00:00:00+00:00"
 PR_URL = "https://github.com/sgl-project/sglang/pull/{}"
 COVER_LETTER = "0000-cover-letter.patch"
 SERIES_FILE = "series"
-#: The series as shipped in a source checkout (``<repo>/patches``).
-DEFAULT_PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
+_HERE = Path(__file__).resolve().parent
+#: The series this install carries: package data in a wheel (pyproject.toml maps ``patches/``
+#: into the package as ``sglang_futuremap_patch/patches``), else a source checkout's ``patches/``.
+DEFAULT_PATCHES_DIR = (
+    _HERE / "patches" if (_HERE / "patches" / SERIES_FILE).is_file() else _HERE.parent / "patches"
+)
 
 _PLUGIN_PACKAGE = "sglang_futuremap_patch"
 
@@ -866,6 +870,20 @@ def series_patches(patches_dir: Path | None = None) -> list[Path]:
     if missing:
         raise SeriesError(f"{listing} lists missing patches: {', '.join(missing)}")
     return [patches_dir / n for n in names]
+
+
+def copy_series(out: Path, patches_dir: Path | None = None) -> list[Path]:
+    """Copy the series (cover letter, patches, ``series``) into ``out``, a new or empty folder."""
+    src = patches_dir or DEFAULT_PATCHES_DIR
+    names = [p.name for p in series_patches(src)] + [SERIES_FILE]
+    if (src / COVER_LETTER).is_file():
+        names.insert(0, COVER_LETTER)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SeriesError(f"{out} exists and is not an empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copyfile(src / name, out / name)
+    return [out / name for name in names]
 
 
 @dataclass
