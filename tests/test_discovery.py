@@ -6,6 +6,8 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 
+import pytest
+
 from conftest import ROOT, subprocess_env
 
 
@@ -87,3 +89,26 @@ def test_cli_status_and_verify():
                          env=subprocess_env(SGLANG_FUTUREMAP_PATCH="bogus"), cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "is not one of" in bad.stderr
+
+
+def test_a_broken_sglang_install_is_one_warning_that_says_why():
+    """A scheduler process whose SGLang modules fail to import (here: sgl_kernel)."""
+    out = _run("import sys\nsys.modules['sgl_kernel'] = None\n" + LOAD, SGLANG_FUTUREMAP_PATCH="safe")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "stock"
+    lines = [l for l in out.stderr.splitlines() if "sglang_futuremap_patch:" in l]
+    assert len(lines) == 1, lines
+    assert "left untouched" in lines[0] and "ModuleNotFoundError" in lines[0] and "sgl_kernel" in lines[0]
+
+
+def test_apply_when_sglang_itself_does_not_import(monkeypatch, caplog):
+    from sglang_futuremap_patch import PatchError, _engine, apply
+
+    monkeypatch.setattr(_engine, "sglang_import_error",
+                        lambda: "ModuleNotFoundError: No module named 'torchvision'")
+    report = apply(mode="safe")
+    assert report.verdict.decision == "unavailable" and not report.applied
+    assert ("left untouched: SGLang cannot be imported "
+            "(ModuleNotFoundError: No module named 'torchvision')") in caplog.text
+    with pytest.raises(PatchError, match="torchvision"):
+        apply(mode="strict")
