@@ -21,6 +21,35 @@ gpu_use_bundle() {
     fi
 }
 
+# gpu_install_plugin SKIP: unless SKIP is 1, pip install this checkout (into the bundle's SITE when
+# gpu_use_bundle set PIP_TARGET_ARGS); then say which sglang.srt.plugins entry points exist and
+# return 1 when ours is missing (a failed install must stop the run, not compare stock to stock).
+gpu_install_plugin() {
+    if [ "${1:-0}" != "1" ]; then
+        echo "== pip install the plugin ${PIP_TARGET_ARGS[*]}"
+        python3 -m pip install -q --no-deps "${PIP_TARGET_ARGS[@]}" . 2>&1 | tail -5
+    fi
+    python3 - <<'PY'
+import sys
+from importlib.metadata import entry_points
+found = [ep.value for ep in entry_points(group="sglang.srt.plugins")]
+print("entry points:", found)
+if not any(v.startswith("sglang_futuremap_patch") for v in found):
+    print("setup FAILED: the plugin is not installed (no sglang_futuremap_patch entry point in sglang.srt.plugins)")
+    sys.exit(1)
+PY
+}
+
+# gpu_require_plugin LOG: after a setup block that ran "gpu_install_plugin ... || PLUGIN_MISSING=1"
+# (its output in LOG): stop the run (exit 2) with one line and the end of LOG when it failed.
+gpu_require_plugin() {
+    if [ -n "${PLUGIN_MISSING:-}" ]; then
+        echo "setup FAILED: the plugin is not installed; the end of $1:"
+        tail -8 "$1"
+        exit 2
+    fi
+}
+
 # gpu_fa3_status: one line saying whether FA3 (sgl_kernel.flash_ops) imports in this environment;
 # FA3=1/0. The Python harnesses find out themselves too (per variant) and record it as "fa3".
 gpu_fa3_status() {

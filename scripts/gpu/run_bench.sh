@@ -113,15 +113,12 @@ gpu_use_bundle "${BENCH_SITE:-/tmp/site312}"
 {
     echo "== $(date -u +%FT%TZ) run_bench.sh $*"
     echo "== python: $(python3 -V 2>&1)"
-    if [ "${BENCH_SKIP_INSTALL:-0}" != "1" ]; then
-        echo "== pip install the plugin ${PIP_TARGET_ARGS[*]}"
-        python3 -m pip install -q --no-deps "${PIP_TARGET_ARGS[@]}" . || echo "pip install FAILED"
-    fi
-    python3 -c "from importlib.metadata import entry_points as e; print('entry points:', e(group='sglang.srt.plugins'))"
+    gpu_install_plugin "${BENCH_SKIP_INSTALL:-0}" || PLUGIN_MISSING=1
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1 | head -3
     gpu_fa3_status
 } >> "$SETUP" 2>&1
+gpu_require_plugin "$SETUP"
 grep -E '^FA3: ' "$SETUP"
 
 BUDGET="${BENCH_BUDGET_S:-555}"

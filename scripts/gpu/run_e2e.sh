@@ -33,14 +33,12 @@ MODELS="$(mktemp -d -t e2e-models-XXXXXX)"
 trap 'rm -rf "$MODELS"' EXIT
 {
     echo "== python: $(python3 -V 2>&1)"
-    if [ "${E2E_SKIP_INSTALL:-0}" != "1" ]; then
-        python3 -m pip install -q --no-deps "${PIP_TARGET_ARGS[@]}" . || echo "pip install FAILED"
-    fi
-    python3 -c "from importlib.metadata import entry_points as e; print('entry points:', e(group='sglang.srt.plugins'))"
+    gpu_install_plugin "${E2E_SKIP_INSTALL:-0}" || PLUGIN_MISSING=1
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     gpu_fa3_status
     python3 scripts/make_tiny_models.py --out "$MODELS"
 } > "$OUT/setup.log" 2>&1 || { echo "setup FAILED"; cat "$OUT/setup.log"; exit 2; }
+gpu_require_plugin "$OUT/setup.log"
 grep -E '^FA3: ' "$OUT/setup.log"
 
 python3 scripts/gpu_e2e.py --models "$MODELS" --out "$OUT" "$@"

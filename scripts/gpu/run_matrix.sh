@@ -53,15 +53,12 @@ fi
 {
     echo "== setup"
     echo "python: $(python3 -V 2>&1)"
-    if [ "${SMOKE_SKIP_INSTALL:-0}" != "1" ]; then
-        echo "pip install the plugin ${PIP_TARGET_ARGS[*]}"
-        python3 -m pip install -q --no-deps "${PIP_TARGET_ARGS[@]}" . 2>&1 | tail -5 || echo "pip install FAILED"
-    fi
-    python3 -c "from importlib.metadata import entry_points as e; print('entry points:', e(group='sglang.srt.plugins'))" 2>&1 | tail -2
+    gpu_install_plugin "${SMOKE_SKIP_INSTALL:-0}" || PLUGIN_MISSING=1
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tail -2
     python3 -c "import flashinfer; print('flashinfer', getattr(flashinfer, '__version__', '?'))" 2>&1 | tail -1
     gpu_fa3_status
 } >> "$MATRIX" 2>&1
+gpu_require_plugin "$MATRIX"
 
 SELFTEST_RC=0
 if [ "${MATRIX_SELFTEST:-0}" = "1" ]; then

@@ -31,14 +31,11 @@ gpu_use_bundle "${SMOKE_SITE:-/tmp/site312}"
 
 {
     echo "== python: $(python3 -V 2>&1)"
-    if [ "${SMOKE_SKIP_INSTALL:-0}" != "1" ]; then
-        echo "== pip install the plugin ${PIP_TARGET_ARGS[*]}"
-        python3 -m pip install -q --no-deps "${PIP_TARGET_ARGS[@]}" . || echo "pip install FAILED"
-    fi
-    python3 -c "from importlib.metadata import entry_points as e; print('entry points:', e(group='sglang.srt.plugins'))"
+    gpu_install_plugin "${SMOKE_SKIP_INSTALL:-0}" || PLUGIN_MISSING=1
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
     gpu_fa3_status
 } >> "$SETUP" 2>&1
+gpu_require_plugin "$SETUP"
 
 echo "== harness self-test (CPU)" >> "$SETUP"
 python3 scripts/gpu_smoke_selftest.py >> "$SETUP" 2>&1
