@@ -323,12 +323,20 @@ TEXT_EDITS[_FA3_INIT] = (
         \"\"\"Initialize forward metadata hence all layers in the forward pass can reuse it.\"\"\"
         if forward_batch.seq_lens_cpu is None:
             # No host mirror (needs_cpu_seq_lens is False): the metadata below reads the host
-            # maximum only to size the page table; give it a stand-in.
+            # maximum only to size the page table; give it a stand-in. A draft extend without
+            # the mirror has no host prefix lengths either (back-port 4); SGLang tests them
+            # only for "any nonzero?", ahead of "or is_draft_extend", which is true here, so
+            # an empty list takes the same branch.
+            no_prefix_lens = forward_batch.extend_prefix_lens_cpu is None
             forward_batch.seq_lens_cpu = self.host_seq_lens_stand_in(forward_batch)
+            if no_prefix_lens:
+                forward_batch.extend_prefix_lens_cpu = []
             try:
                 return self.init_forward_metadata(forward_batch)
             finally:
                 forward_batch.seq_lens_cpu = None
+                if no_prefix_lens:
+                    forward_batch.extend_prefix_lens_cpu = None
         metadata = FlashAttentionMetadata()
 """,
     ),

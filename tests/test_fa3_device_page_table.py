@@ -299,8 +299,9 @@ def _eager_batch(b, mode, slots, lens, forward_mode, spec_info, mirror):
         encoder_lens=None, out_cache_loc=None,
         extend_seq_lens=spec_info.extend_seq_lens_tensor if extend else None,
         extend_seq_lens_cpu=spec_info.extend_seq_lens_cpu if extend else None,
+        # Without the mirror, back-port 4's draft extend has no host prefix lengths either.
         extend_prefix_lens_cpu=(lens - spec_info.extend_seq_lens_tensor).tolist()
-        if extend else None)
+        if extend and mirror else None)
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["splits_auto", "splits_1"])
@@ -327,7 +328,8 @@ def test_eager_metadata_without_the_mirror(fa, mode, page_size, deterministic):
     finally:
         probe.uninstall()
     got = b.forward_metadata
-    assert fb.seq_lens_cpu is None  # the stand-in does not outlive the call
+    # The stand-ins do not outlive the call.
+    assert fb.seq_lens_cpu is None and fb.extend_prefix_lens_cpu is None
     assert torch.equal(got.cache_seqlens_int32, stock.cache_seqlens_int32)
     assert torch.equal(got.cu_seqlens_k, stock.cu_seqlens_k)
     assert torch.equal(got.cu_seqlens_q, stock.cu_seqlens_q)
