@@ -208,18 +208,25 @@ class _FakeForwardBatch:
         return fb
 
 
-@pytest.mark.parametrize("mirror", [True, False])
+@pytest.mark.parametrize("mirror", ["mirror", "none", "late"])
 def test_draft_extend_inputs_without_the_mirror(patched, monkeypatch, mirror):
+    """"late": no mirror, but the lengths were copied at the start of the forward (the
+    draft-extend backend asked for them): the draft extend waits for that copy and then
+    builds exactly what it builds with the mirror."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative import eagle_info_v2
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
     monkeypatch.setattr(eagle_info_v2, "ForwardBatch", _FakeForwardBatch)
     seq_lens = torch.tensor([7, 12, 9])
+    waited = []
     mwb = SimpleNamespace(
-        seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone() if mirror else None,
-        seq_lens_sum=28 if mirror else None, forward_mode=ForwardMode.DECODE,
+        seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone() if mirror == "mirror" else None,
+        seq_lens_sum=28 if mirror == "mirror" else None, forward_mode=ForwardMode.DECODE,
         spec_info=None, input_ids=None)
+    if mirror == "late":
+        mwb.seq_lens_cpu_pending = (seq_lens.clone(),
+                                    SimpleNamespace(synchronize=lambda: waited.append(1)))
     backend = SimpleNamespace(calls=[])
     runner = SimpleNamespace(
         spec_algorithm=SimpleNamespace(is_standalone=lambda: False),
@@ -242,13 +249,51 @@ def test_draft_extend_inputs_without_the_mirror(patched, monkeypatch, mirror):
     assert fb.extend_seq_lens.tolist() == [4, 4, 4] and fb.extend_seq_lens_cpu == [4, 4, 4]
     assert fb.positions.tolist() == (list(range(7, 11)) + list(range(12, 16))
                                      + list(range(9, 13)))
-    if mirror:
+    assert waited == ([1] if mirror == "late" else [])
+    if mirror != "none":
         assert fb.seq_lens_cpu.tolist() == [11, 16, 13] and fb.seq_lens_sum == 40
         assert fb.extend_prefix_lens_cpu == [7, 12, 9]
     else:
         assert fb.seq_lens_cpu is None and fb.seq_lens_sum is None
         assert fb.extend_prefix_lens_cpu is None and mwb.extend_prefix_lens is None
         assert [h for h in hits if h[0].startswith("Tensor.")] == [], hits
+
+
+class _DraftStarted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("declared", [True, False])
+@pytest.mark.parametrize("mirror", [True, False])
+def test_draft_starts_the_late_copy_only_where_the_draft_extend_asks(patched, declared,
+                                                                     mirror):
+    """EagleDraftWorker.draft copies the lengths first thing, without the mirror and only
+    for a draft-extend backend that declares ``draft_extend_needs_cpu_seq_lens``."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    def prepare_for_v2_draft(*args):
+        raise _DraftStarted  # what follows is the draft itself, tested elsewhere
+
+    seq_lens = torch.tensor([7, 12, 9])
+    mwb = SimpleNamespace(
+        seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone() if mirror else None,
+        forward_mode=ForwardMode.DECODE,
+        spec_info=SimpleNamespace(prepare_for_v2_draft=prepare_for_v2_draft))
+    worker = object.__new__(EagleDraftWorker)
+    worker.draft_runner = SimpleNamespace(
+        attn_backend=SimpleNamespace(draft_extend_needs_cpu_seq_lens=declared))
+    for attr in ("req_to_token_pool", "cuda_graph_runner", "topk", "speculative_num_steps"):
+        setattr(worker, attr, None)
+    with pytest.raises(_DraftStarted):
+        worker.draft(mwb)
+    pending = getattr(mwb, "seq_lens_cpu_pending", None)
+    if declared and not mirror:
+        host, copied = pending
+        assert copied is None  # a CPU tensor: the copy is already done
+        assert host.tolist() == [7, 12, 9] and host.data_ptr() != seq_lens.data_ptr()
+    else:
+        assert pending is None
 
 
 # --------------------------------------------------------------------------- metrics

@@ -176,6 +176,10 @@ def test_declarations(fa):
 
     assert make_backend(fa).needs_cpu_seq_lens is False
     assert make_backend(fa).reads_verify_tree_mask is False
+    # No draft-extend CUDA graph for FA3 in 0.5.12.x: its eager metadata wants the exact
+    # host lengths (the split heuristic) unless num_splits is pinned to 1.
+    assert make_backend(fa).draft_extend_needs_cpu_seq_lens is True
+    assert make_backend(fa, deterministic=True).draft_extend_needs_cpu_seq_lens is False
     assert make_backend(fa, page_size=16).needs_cpu_seq_lens is False
     topk2 = make_backend(fa, topk=2)
     assert topk2.needs_cpu_seq_lens is True and topk2.reads_verify_tree_mask is True

@@ -41,7 +41,9 @@ from typing import Any, Iterable
 
 #: Syncs inside these functions (anywhere up the stack) count as seq_lens syncs.
 SEQ_LENS_SITES = ("resolve_seq_lens_cpu", "filter_batch", "merge_batch", "prepare_for_decode",
-                  "maybe_wait_verify_done")
+                  "maybe_wait_verify_done",
+                  # without the mirror: FA3's eager stand-in and the draft extend's late copy
+                  "host_seq_lens_stand_in", "prepare_for_extend_to_fill_draft_kvcache")
 #: Tensor methods wrapped (``to`` separately: only a D2H ``to`` is a sync).
 TENSOR_OPS = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__")
 _OURS = re.compile(r"[/\\](sglang|sglang_futuremap_patch)[/\\]")

@@ -31,6 +31,12 @@ ScheduleBatch.merge_batch                      mirror None if either side has no
 ScheduleBatch.get_model_worker_batch, copy()   unchanged: None is copied through
 EagleVerifyInputV2Mixin.prepare_for_v2_verify  unchanged: copies None onto the verify input;
                                                its only reader is TBO (forces the mirror on)
+EagleDraftWorker.draft (start)                 when the draft-extend backend declares
+                                               ``draft_extend_needs_cpu_seq_lens`` (FA3,
+                                               back-port 8: no draft-extend CUDA graph, the
+                                               eager metadata wants the exact maximum), a
+                                               non-blocking copy of the lengths, queued
+                                               behind the previous forward only
 EagleDraftWorker.draft,                        tree-mask sizing: 0 with a preallocated mask
 MultiLayerEagleDraftWorker.draft               (CUDA graph); the small QLEN_ONLY layout when
                                                the verify backend declares
@@ -40,7 +46,9 @@ ForwardBatch.init_new                          unchanged: copies None through (i
                                                block is fed host lists, see next row)
 ForwardBatch._pad_inputs_to_size (DP)          sum stays None
 EagleDraftInputV2Mixin.                        GPU-only branch: extend lengths are host-known
-prepare_for_extend_to_fill_draft_kvcache       (num_draft_tokens each); the prefix lengths and
+prepare_for_extend_to_fill_draft_kvcache       (num_draft_tokens each); with the copy above
+                                               it waits for it and builds what it builds with
+                                               the mirror; otherwise the prefix lengths and
                                                positions are set on the device after init_new
                                                (a placeholder list goes in: init_new, a
                                                classmethod, is left as it is)
@@ -1073,6 +1081,15 @@ def prepare_for_extend_to_fill_draft_kvcache(
     cuda_graph_runner: Any,
 ):
     seq_lens_cpu_ = batch.seq_lens_cpu
+    pending = getattr(batch, "seq_lens_cpu_pending", None)
+    if seq_lens_cpu_ is None and pending is not None:
+        # The host lengths copied at the start of this forward (EagleDraftWorker.draft):
+        # from here on the batch is one with a mirror.
+        seq_lens_cpu_, copied = pending
+        if copied is not None:
+            copied.synchronize()
+        batch.seq_lens_cpu = seq_lens_cpu_
+        batch.seq_lens_sum = int(seq_lens_cpu_.sum())
     extend_num_tokens = len(batch.seq_lens) * num_draft_tokens
     # Without the host mirror (needs_cpu_seq_lens False) the prefix lengths exist only
     # on the device: no .tolist(), no sum (see below).
@@ -1126,6 +1143,20 @@ def prepare_for_extend_to_fill_draft_kvcache(
 
 
 def eagle_draft(self, model_worker_batch: ModelWorkerBatch):
+    if (
+        model_worker_batch.seq_lens_cpu is None
+        and not model_worker_batch.forward_mode.is_idle()
+        and getattr(self.draft_runner.attn_backend, "draft_extend_needs_cpu_seq_lens", False)
+    ):
+        # Without the host mirror, a backend whose draft extend (at the end of this
+        # forward, eager) still reads the host lengths gets them from a copy started
+        # now: it queues behind the previous forward only, not behind this verify.
+        seq_lens_cpu = model_worker_batch.seq_lens.to("cpu", non_blocking=True, copy=True)
+        copied = None
+        if model_worker_batch.seq_lens.is_cuda:
+            copied = torch.get_device_module(model_worker_batch.seq_lens.device).Event()
+            copied.record()
+        model_worker_batch.seq_lens_cpu_pending = (seq_lens_cpu, copied)
     draft_input: EagleDraftInput = model_worker_batch.spec_info
     forward_batch, can_cuda_graph = draft_input.prepare_for_v2_draft(
         self.req_to_token_pool,

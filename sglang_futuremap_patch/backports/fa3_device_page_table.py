@@ -21,9 +21,14 @@ with one Triton launch (``fill_page_table_from_lens``): the lengths FA3 reads
 read from ``req_to_token`` on the device; the grid spans the captured table width (a static
 bound) and masks by each row's length. This is exact: a graph replays the FA3 launch
 recorded at capture, with the full-width table, so the host maximum never reached the
-kernel; it only bounded stock's copy, and FA3 reads no column past a row's length. Eagerly
-(a batch above ``cuda_graph_max_bs``, or no CUDA graph), ``init_forward_metadata`` keeps
-SGLang's code and gets a host stand-in for the mirror (``host_seq_lens_stand_in``). FA3 sizes
+kernel; it only bounded stock's copy, and FA3 reads no column past a row's length. The
+draft extend has no CUDA graph on FA3 in 0.5.12.x (SGLang captures it for Triton and
+TRTLLM-MLA only), so it is eager in every iteration: FA3 declares
+``draft_extend_needs_cpu_seq_lens`` and the draft worker (back-port 4) copies the lengths
+without blocking at the start of the forward; the draft extend waits for that copy, which
+queues behind the previous forward only, and then runs SGLang's code with exact host
+lengths. Other eager forwards (a batch above ``cuda_graph_max_bs``, or no CUDA graph) keep
+SGLang's code and get a host stand-in for the mirror (``host_seq_lens_stand_in``). FA3 sizes
 its split-KV heuristic from the page-table width, so a static width is exact only with
 ``num_splits`` pinned to 1 (deterministic inference); otherwise the stand-in is the device
 lengths copied on demand, a host read confined to eager batches. Hence the declaration: with
@@ -159,6 +164,18 @@ def needs_cpu_seq_lens(self):
     # Eager forwards need the exact host maximum unless num_splits is pinned to 1; without
     # CUDA graph every forward is eager.
     return self.num_splits != 1 and get_global_server_args().disable_cuda_graph
+
+
+@property
+def draft_extend_needs_cpu_seq_lens(self):
+    """Whether the eager draft extend wants the exact host lengths without the mirror.
+
+    SGLang 0.5.12.x captures no draft-extend CUDA graph for FA3, so that forward is eager
+    in every iteration; the exact maximum decides FA3's split-KV heuristic unless
+    ``num_splits`` is pinned to 1. The draft worker then copies the lengths at the start
+    of the forward (back-port 4), and only the draft extend waits for that copy.
+    """
+    return self.num_splits != 1
 
 
 @property
@@ -328,6 +345,8 @@ BACKPORT = Backport(
         Target(_FA, "fill_page_table_from_lens", fill_page_table_from_lens, expected=ABSENT),
         Target(_FA, "FlashAttentionBackend.needs_cpu_seq_lens", needs_cpu_seq_lens,
                expected=ABSENT),
+        Target(_FA, "FlashAttentionBackend.draft_extend_needs_cpu_seq_lens",
+               draft_extend_needs_cpu_seq_lens, expected=ABSENT),
         Target(_FA, "FlashAttentionBackend.reads_verify_tree_mask", reads_verify_tree_mask,
                expected=ABSENT),
         Target(_FA, "FlashAttentionBackend.host_seq_lens_stand_in", host_seq_lens_stand_in,
