@@ -1151,10 +1151,11 @@ def eagle_draft(self, model_worker_batch: ModelWorkerBatch):
         # Without the host mirror, a backend whose draft extend (at the end of this
         # forward, eager) still reads the host lengths gets them from a copy started
         # now: it queues behind the previous forward only, not behind this verify.
-        seq_lens_cpu = model_worker_batch.seq_lens.to("cpu", non_blocking=True, copy=True)
+        seq_lens = model_worker_batch.seq_lens
+        seq_lens_cpu = seq_lens.to("cpu", non_blocking=True, copy=True)
         copied = None
-        if model_worker_batch.seq_lens.is_cuda:
-            copied = torch.get_device_module(model_worker_batch.seq_lens.device).Event()
+        if seq_lens.device.type != "cpu":  # any accelerator: the copy is asynchronous
+            copied = torch.get_device_module(seq_lens.device).Event()
             copied.record()
         model_worker_batch.seq_lens_cpu_pending = (seq_lens_cpu, copied)
     draft_input: EagleDraftInput = model_worker_batch.spec_info
