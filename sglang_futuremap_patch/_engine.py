@@ -351,13 +351,12 @@ def gate(series: Iterable[Backport], version: str | None = None) -> Verdict:
     flat = [c for cs in checks.values() for c in cs]
     # Guards are never installed: in a patched process or tree they are simply "ready".
     changed = [c for c in flat if c.target.kind != GUARD]
-    states = {c.state for c in changed}
-    if states == {"applied"} and all(c.state == "ready" for c in flat if c not in changed):
+    guards_ready = all(c.state == "ready" for c in flat if c.target.kind == GUARD)
+    if guards_ready and {c.state for c in changed} == {"applied"}:
         return Verdict(version, "applied", "already applied in this process", checks)
     # A tree with patches/ applied: every spliced target already is our source. (A wrap
     # target has no source twin: the patch series edits that function in place instead.)
-    if {c.state for c in changed if c.target.kind != "wrap"} == {"in-source"} and all(
-            c.state == "ready" for c in flat if c not in changed):
+    if guards_ready and {c.state for c in changed if c.target.kind != "wrap"} == {"in-source"}:
         return Verdict(version, "upstream", "the source already carries this back-port (patches/ applied)", checks)
     bad = [c for c in flat if c.state not in ("ready",)]
     if bad:
