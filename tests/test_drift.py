@@ -119,6 +119,25 @@ def test_wrapped_targets_are_the_declared_exceptions(series, patched):
     assert "batch.seq_lens = batch_result.next_draft_input.new_seq_lens" not in sources[RUN_BATCH]
 
 
+def test_fa3_text_edits_insert_the_plugins_own_check():
+    """The check the patch puts at the top of FA3's two methods is the plugin wrapper's check,
+    line for line, with the delegation to the stock method turned into a call to itself."""
+    import inspect
+
+    from sglang_futuremap_patch.backports import fa3_device_page_table as fa3
+
+    for name in ("init_forward_metadata", "init_forward_metadata_replay_cuda_graph"):
+        source = textwrap.dedent(inspect.getsource(getattr(fa3, name)))
+        body = ast.parse(source).body[0].body
+        # docstring, the check, then the delegation for a batch with the mirror
+        assert len(body) == 3 and isinstance(body[1], ast.If) and isinstance(body[2], ast.Return)
+        lines = source.splitlines()[body[1].lineno - 1 : body[1].end_lineno]
+        plugin = textwrap.dedent("\n".join(lines)).replace(f"_stock_{name}(self, ", f"self.{name}(")
+        (edit,) = series_tools.TEXT_EDITS[f"{_FA3}.{name}"]
+        inserted = textwrap.dedent("\n".join(edit.new.splitlines()[1:-1]))
+        assert inserted == plugin, name
+
+
 def test_guards_are_left_as_they_are(series, pristine, patched):
     before = series_tools.patched_function_sources(pristine, series)
     after = series_tools.patched_function_sources(patched, series)
