@@ -263,14 +263,38 @@ class _DraftStarted(Exception):
     pass
 
 
+def _draft_worker(kind, declared, graph_max_bs):
+    """An EAGLE or multi-layer (MTP) draft worker with just what the start of ``draft``
+    reads: its draft-extend backend's declaration and its draft-extend CUDA graph."""
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+    from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleDraftWorker
+
+    runner = SimpleNamespace(
+        attn_backend=SimpleNamespace(draft_extend_needs_cpu_seq_lens=declared))
+    if kind == "eagle":
+        worker = object.__new__(EagleDraftWorker)
+        worker.draft_runner = runner
+    else:
+        worker = object.__new__(MultiLayerEagleDraftWorker)
+        worker.draft_runner_list = [runner]
+    worker.cuda_graph_runner_for_draft_extend = (
+        None if graph_max_bs is None else SimpleNamespace(max_bs=graph_max_bs))
+    for attr in ("req_to_token_pool", "cuda_graph_runner", "topk", "speculative_num_steps"):
+        setattr(worker, attr, None)
+    return worker
+
+
+@pytest.mark.parametrize("kind", ["eagle", "multi_layer"])
+@pytest.mark.parametrize("graph_max_bs", [None, 2, 3])
 @pytest.mark.parametrize("declared", [True, False])
 @pytest.mark.parametrize("mirror", [True, False])
-def test_draft_starts_the_late_copy_only_where_the_draft_extend_asks(patched, declared,
-                                                                     mirror):
-    """EagleDraftWorker.draft copies the lengths first thing, without the mirror and only
-    for a draft-extend backend that declares ``draft_extend_needs_cpu_seq_lens``."""
+def test_draft_starts_the_late_copy_only_where_the_draft_extend_asks(patched, kind, declared,
+                                                                     mirror, graph_max_bs):
+    """Both draft workers copy the lengths first thing: without the mirror, for a
+    draft-extend backend that declares ``draft_extend_needs_cpu_seq_lens``, and only for a
+    batch its draft-extend CUDA graph cannot replay (none, or more requests than its
+    largest captured batch: 3 here)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
     def prepare_for_v2_draft(*args):
         raise _DraftStarted  # what follows is the draft itself, tested elsewhere
@@ -280,15 +304,12 @@ def test_draft_starts_the_late_copy_only_where_the_draft_extend_asks(patched, de
         seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone() if mirror else None,
         forward_mode=ForwardMode.DECODE,
         spec_info=SimpleNamespace(prepare_for_v2_draft=prepare_for_v2_draft))
-    worker = object.__new__(EagleDraftWorker)
-    worker.draft_runner = SimpleNamespace(
-        attn_backend=SimpleNamespace(draft_extend_needs_cpu_seq_lens=declared))
-    for attr in ("req_to_token_pool", "cuda_graph_runner", "topk", "speculative_num_steps"):
-        setattr(worker, attr, None)
+    worker = _draft_worker(kind, declared, graph_max_bs)
     with pytest.raises(_DraftStarted):
         worker.draft(mwb)
     pending = getattr(mwb, "seq_lens_cpu_pending", None)
-    if declared and not mirror:
+    eager = graph_max_bs is None or graph_max_bs < 3
+    if declared and not mirror and eager:
         host, copied = pending
         assert copied is None  # a CPU tensor: the copy is already done
         assert host.tolist() == [7, 12, 9] and host.data_ptr() != seq_lens.data_ptr()

@@ -31,11 +31,13 @@ ScheduleBatch.merge_batch                      mirror None if either side has no
 ScheduleBatch.get_model_worker_batch, copy()   unchanged: None is copied through
 EagleVerifyInputV2Mixin.prepare_for_v2_verify  unchanged: copies None onto the verify input;
                                                its only reader is TBO (forces the mirror on)
-EagleDraftWorker.draft (start)                 when the draft-extend backend declares
-                                               ``draft_extend_needs_cpu_seq_lens`` (FA3,
-                                               back-port 8: no draft-extend CUDA graph, the
-                                               eager metadata wants the exact maximum), a
-                                               non-blocking copy of the lengths, queued
+EagleDraftWorker.draft,                        at the start, when the draft-extend backend
+MultiLayerEagleDraftWorker.draft               declares ``draft_extend_needs_cpu_seq_lens``
+(``BaseDraftWorker.                            (FA3, back-port 8: its eager metadata wants the
+copy_seq_lens_for_draft_extend``)              exact maximum) and no draft-extend CUDA graph
+                                               will replay the batch (EAGLE on FA3 has none in
+                                               0.5.12.x; MTP has one up to its largest batch),
+                                               a non-blocking copy of the lengths, queued
                                                behind the previous forward only
 EagleDraftWorker.draft,                        tree-mask sizing: 0 with a preallocated mask
 MultiLayerEagleDraftWorker.draft               (CUDA graph); the small QLEN_ONLY layout when
@@ -1142,22 +1144,36 @@ def prepare_for_extend_to_fill_draft_kvcache(
     return forward_batch
 
 
-def eagle_draft(self, model_worker_batch: ModelWorkerBatch):
+def copy_seq_lens_for_draft_extend(self, model_worker_batch, attn_backend, graph_runner):
+    """Without the host mirror, a draft-extend backend that still reads the host lengths
+    when it runs eagerly (``draft_extend_needs_cpu_seq_lens``) gets them from a copy
+    started here, at the start of the draft: it queues behind the previous forward only,
+    not behind this verify. A batch the draft-extend CUDA graph will replay needs none."""
     if (
-        model_worker_batch.seq_lens_cpu is None
-        and not model_worker_batch.forward_mode.is_idle()
-        and getattr(self.draft_runner.attn_backend, "draft_extend_needs_cpu_seq_lens", False)
+        model_worker_batch.seq_lens_cpu is not None
+        or model_worker_batch.forward_mode.is_idle()
+        or not getattr(attn_backend, "draft_extend_needs_cpu_seq_lens", False)
     ):
-        # Without the host mirror, a backend whose draft extend (at the end of this
-        # forward, eager) still reads the host lengths gets them from a copy started
-        # now: it queues behind the previous forward only, not behind this verify.
-        seq_lens = model_worker_batch.seq_lens
-        seq_lens_cpu = seq_lens.to("cpu", non_blocking=True, copy=True)
-        copied = None
-        if seq_lens.device.type != "cpu":  # any accelerator: the copy is asynchronous
-            copied = torch.get_device_module(seq_lens.device).Event()
-            copied.record()
-        model_worker_batch.seq_lens_cpu_pending = (seq_lens_cpu, copied)
+        return
+    seq_lens = model_worker_batch.seq_lens
+    if graph_runner is not None and len(seq_lens) <= graph_runner.max_bs:
+        return
+    import torch
+
+    seq_lens_cpu = seq_lens.to("cpu", non_blocking=True, copy=True)
+    copied = None
+    if seq_lens.device.type != "cpu":  # any accelerator: the copy is asynchronous
+        copied = torch.get_device_module(seq_lens.device).Event()
+        copied.record()
+    model_worker_batch.seq_lens_cpu_pending = (seq_lens_cpu, copied)
+
+
+def eagle_draft(self, model_worker_batch: ModelWorkerBatch):
+    self.copy_seq_lens_for_draft_extend(
+        model_worker_batch,
+        self.draft_runner.attn_backend,
+        self.cuda_graph_runner_for_draft_extend,
+    )
     draft_input: EagleDraftInput = model_worker_batch.spec_info
     forward_batch, can_cuda_graph = draft_input.prepare_for_v2_draft(
         self.req_to_token_pool,
@@ -1251,6 +1267,11 @@ def eagle_draft(self, model_worker_batch: ModelWorkerBatch):
 
 
 def multi_layer_draft(self, model_worker_batch: ModelWorkerBatch):
+    self.copy_seq_lens_for_draft_extend(
+        model_worker_batch,
+        self.draft_runner_list[0].attn_backend,
+        self.cuda_graph_runner_for_draft_extend,
+    )
     draft_input: EagleDraftInput = model_worker_batch.spec_info
     forward_batch, can_cuda_graph = draft_input.prepare_for_v2_draft(
         self.req_to_token_pool,
@@ -1666,6 +1687,8 @@ BACKPORT = Backport(
                expected="4fbab52aae461a50"),
         Target(_BASE_SPEC, "BaseSpecWorker.spec_v2_attn_backends", base_spec_v2_attn_backends,
                expected=ABSENT),
+        Target(_BASE_SPEC, "BaseDraftWorker.copy_seq_lens_for_draft_extend",
+               copy_seq_lens_for_draft_extend, expected=ABSENT),
         Target(_EAGLE, "EAGLEWorkerV2.spec_v2_attn_backends", eagle_spec_v2_attn_backends,
                expected=ABSENT),
         Target(_MULTI_LAYER, "MultiLayerEagleWorkerV2.spec_v2_attn_backends",

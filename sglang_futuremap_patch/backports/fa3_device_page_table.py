@@ -25,7 +25,8 @@ kernel; it only bounded stock's copy, and FA3 reads no column past a row's lengt
 draft extend has no CUDA graph on FA3 in 0.5.12.x (SGLang captures it for Triton and
 TRTLLM-MLA only), so it is eager in every iteration: FA3 declares
 ``draft_extend_needs_cpu_seq_lens`` and the draft worker (back-port 4) copies the lengths
-without blocking at the start of the forward; the draft extend waits for that copy, which
+without blocking at the start of the forward (multi-layer EAGLE does too for batches its
+draft-extend CUDA graph cannot replay); the draft extend waits for that copy, which
 queues behind the previous forward only, and then runs SGLang's code with exact host
 lengths. Other eager forwards (a batch above ``cuda_graph_max_bs``, or no CUDA graph) keep
 SGLang's code and get a host stand-in for the mirror (``host_seq_lens_stand_in``). FA3 sizes
