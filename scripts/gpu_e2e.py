@@ -25,6 +25,14 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
 * ``tp2-*``: two matrix cases with tensor parallelism 2 (the mirror-free Triton path and
   FlashInfer with piecewise CUDA graph); they need two GPUs and are reported as skipped with
   fewer;
+* deployments (``--group multi``, ``--group pd``): ``tp2-default-standalone`` (TP=2 in FA3's
+  default configuration), ``dp2-*`` (``dp_size=2``: two schedulers behind SGLang's DP
+  controller, each patched; the ``tp2-*`` and ``dp2-*`` cases check one scheduler per GPU) and
+  ``pd-decode-*`` (a PD-disaggregation decode Engine with SGLang's ``fake`` transfer backend,
+  EAGLE3, deterministic inference: a batch at once, then arrivals at concurrency 8 with a few
+  aborts; ``process_prebuilt`` seeds each new batch's spec-v2 state through the FutureMap
+  while the running batch's forward is in flight, and the probe counts the prebuilt batches
+  and their merges into the running batch in both runs);
 * ``http``: ``python -m sglang.launch_server`` instead of ``sglang.Engine``, driven over HTTP:
   OpenAI ``/v1/completions`` (plain, streamed, with ``stop`` strings) and the native
   ``/generate`` with token ids and logprobs;
@@ -46,7 +54,7 @@ them round-robin; a TP=2 Engine takes the first two. Every Engine gets ports no 
 the run uses (``gpu_engine.PortAllocator``).
 
 Groups (``--group``, with ``--cases`` their union): ``base`` (everything before the FA3 set),
-``matrix``, ``fa3``.
+``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``.
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -97,6 +105,9 @@ import gpu_smoke as smoke  # noqa: E402  (log scan and probe summaries)
 
 RUNS = (("stock", "off"), ("patched", "strict"))
 RETRACT_LINE = "KV cache pool is full. Retract requests."
+#: Counted in the PD-decode cases' schedulers besides ``maybe_wait_verify_done``: batches built
+#: from transferred requests, and merges into the running batch.
+PD_PROBE_FUNCS = ("process_prebuilt", "merge_batch")
 MEMORY_TOLERANCE_MIB = 64
 VOCAB_LO = 3  # ids 0..2 are pad/bos/eos in the tiny models
 
@@ -116,7 +127,13 @@ class Case:
 
     @property
     def gpus(self) -> int:
-        return int(dict(self.extra).get("tp_size", 1))
+        extra = dict(self.extra)
+        return int(extra.get("tp_size", 1)) * int(extra.get("dp_size", 1))
+
+    @property
+    def pd_decode(self) -> bool:
+        """A PD-disaggregation decode Engine (SGLang's ``fake`` transfer backend)."""
+        return dict(self.extra).get("disaggregation_mode") == "decode"
 
     @property
     def server(self) -> bool:
@@ -154,7 +171,7 @@ def all_cases() -> list[Case]:
     # in the soak, so that any difference is the plugin's.
     cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))))
-    return cases + fa3_cases()
+    return cases + fa3_cases() + deployment_cases()
 
 
 def fa3_cases() -> list[Case]:
@@ -184,11 +201,39 @@ def fa3_cases() -> list[Case]:
     return cases
 
 
+def deployment_cases() -> list[Case]:
+    """Deployments beyond one Engine process per GPU: tensor parallelism with FA3's default
+    configuration, data parallelism (two schedulers behind SGLang's DP controller) and a
+    PD-disaggregation decode Engine."""
+    tp2 = (("tp_size", 2), ("disable_custom_all_reduce", True))
+    cases = [Case("tp2-default-standalone", "STANDALONE", "default", True, True, "matrix", tp2)]
+    dp2 = (("dp_size", 2),)
+    cases.append(Case("dp2-standalone-triton-graph-nopcg", "STANDALONE", "triton", True, False, "matrix", dp2))
+    cases.append(Case("dp2-default-eagle3", "EAGLE3", "default", True, True, "matrix", dp2))
+    # The decode side of PD disaggregation with SGLang's fake transfer backend: nothing is
+    # transferred, so every request starts from zeroed KV and metadata (its first token and
+    # the EAGLE hidden states are those of zeroed buffers) and process_prebuilt seeds the
+    # spec-v2 state through the FutureMap, in the patched run behind back-port 2's fence. The
+    # pool is large enough that no freed KV slot is handed out again in a run: a request's
+    # prefix is zeros whatever was allocated before it, so outputs depend on the requests
+    # only. Deterministic inference: requests join in timing-dependent prebuilt batches.
+    # STANDALONE is not seeded by process_prebuilt in 0.5.12.x (EAGLE family only).
+    pd = (("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "fake"),
+          ("enable_deterministic_inference", True), ("max_total_tokens", 131072))
+    cases.append(Case("pd-decode-eagle3-triton", "EAGLE3", "triton", True, False, "pd", pd))
+    cases.append(Case("pd-decode-eagle3-fa3", "EAGLE3", "fa3", True, False, "pd", pd))
+    cases.append(Case("pd-decode-eagle3-fa3-nograph", "EAGLE3", "fa3", False, False, "pd", pd))
+    return cases
+
+
 #: Named case sets (``--group``): fnmatch patterns over case names.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "base": ("eagle3-*", "standalone-*", "retract-*", "soak-*", "text-*", "tp2-*", "http-*"),
+    "base": ("eagle3-*", "standalone-*", "retract-*", "soak-*", "text-*", "tp2-eagle3-*", "tp2-standalone-*",
+             "http-*"),
     "matrix": ("eagle3-*", "standalone-*"),
     "fa3": ("default-*", "fa3-*", "page16-*", "eos-*", "radix-*", "seeded-*"),
+    "multi": ("tp2-*", "dp2-*"),
+    "pd": ("pd-*",),
 }
 
 
@@ -272,6 +317,17 @@ def scenarios(profile: str, vocab: int, seed: int = 20261122, soak_requests: int
                         "sampling_params": [_greedy(m) for m in news],
                         "abort_after_chunks": {str(k): v for k, v in aborts.items()},
                         "memory_every": 200 if name == "soak" else 0})
+    elif profile == "pd":
+        # A batch at once, then arrivals at concurrency 8 with a few aborts: prebuilt batches
+        # join a running batch while its forward is in flight (the overlap loop always has
+        # one queued), and requests leave mid-stream.
+        out.append(batch("pd_batch", [rng.randrange(8, 400) for _ in range(24)], [48] * 24))
+        n = 64
+        aborts = {i: rng.randrange(1, 8) for i in range(n) if rng.random() < 0.05}
+        out.append({"name": "pd_arrivals", "kind": "async", "concurrency": 8,
+                    "input_ids": [_ids(rng, rng.randrange(4, 400), vocab) for _ in range(n)],
+                    "sampling_params": [_greedy(rng.randrange(4, 96)) for _ in range(n)],
+                    "abort_after_chunks": {str(k): v for k, v in aborts.items()}, "memory_every": 0})
     elif profile == "http":
         texts = [" ".join(f"w{t}" for t in _ids(rng, n, vocab)) for n in (5, 19, 44, 90, 150, 260, 12, 77, 31, 8)]
         out.append({"name": "completions", "kind": "http_completions", "concurrency": 6, "prompts": texts,
@@ -908,6 +964,18 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
                         f"{sprobe.scheduler_calls} maybe_wait_verify_done calls"))
     checks.append(Check("patched never waits on verify_done", bool(pprobe.scheduler_pids) and pprobe.total_calls == 0,
                         f"{pprobe.total_calls} calls"))
+    if case.gpus > 1:
+        # One scheduler per GPU (TP ranks, or DP ranks behind the DP controller): the check
+        # above then holds for each of them.
+        checks.append(Check(f"patched: {case.gpus} scheduler processes",
+                            len(pprobe.scheduler_pids) == case.gpus,
+                            f"schedulers {pprobe.scheduler_pids}"))
+    if case.pd_decode:
+        for name, probe in (("stock", sprobe), ("patched", pprobe)):
+            calls = {f: probe.scheduler_calls_by_name.get(f, 0) for f in PD_PROBE_FUNCS}
+            checks.append(Check(f"{name}: prebuilt batches joined a running batch",
+                                calls["process_prebuilt"] >= 2 and calls["merge_batch"] >= 1,
+                                ", ".join(f"{f} {n}" for f, n in calls.items())))
     if case.profile == "retract":
         counts = {n: r.get("retract_lines", 0) for n, r in (("stock", stock), ("patched", patched))}
         checks.append(Check("retraction happened in both runs", all(v > 0 for v in counts.values()),
@@ -933,7 +1001,8 @@ def run_engine(case: Case, mode_name: str, mode: str, spec: dict[str, Any], work
     probe_dir.mkdir(parents=True, exist_ok=True)
     ports = ge.PortBlock(spec["ports"]["base"]) if spec.get("ports") else None
     env = ge.subprocess_env(mode, probe_dir, log_config, ports=ports,
-                            cuda_visible_devices=spec.get("cuda_visible_devices"))
+                            cuda_visible_devices=spec.get("cuda_visible_devices"),
+                            probe_funcs=PD_PROBE_FUNCS if case.pd_decode else ())
     rc, wall, result, text = ge.run_worker(Path(__file__).resolve(), spec, work, tag, work / f"{tag}.log", env,
                                            timeout)
     print(f"   {tag}: rc {rc}, {wall:.0f} s", flush=True)
@@ -1098,6 +1167,8 @@ def case_summary(r: CaseResult) -> dict[str, Any]:
                 "retract_lines": run.get("retract_lines"),
                 "applied_pids": run["log"].applied_pids,
                 "verify_done_calls": run["probe"].total_calls,
+                "scheduler_pids": run["probe"].scheduler_pids,
+                "scheduler_calls": run["probe"].scheduler_calls_by_name,
                 "log_excerpt": run.get("log_excerpt") if run["returncode"] != 0 or not res else None}
 
     return dict(base, wall_s=round(r.wall_s, 1), errors=r.errors, checks=[asdict(c) for c in r.checks],

@@ -216,10 +216,18 @@ class PortAllocator:
 
 
 def with_ports(kwargs: dict[str, Any], block: PortBlock) -> dict[str, Any]:
-    """Engine kwargs with this block's ``port`` and ``nccl_port``."""
+    """Engine kwargs with this block's ``port`` and ``nccl_port``.
+
+    Data parallelism (``dp_size`` > 1) gets ``port`` only: SGLang's DP controller makes a
+    ``PortArgs`` per DP rank, which hands every rank a fixed ``nccl_port`` as it is (their
+    torch.distributed stores would collide); left to SGLang, each rank gets a free port of its
+    own, held by the controller until every rank has one."""
     if kwargs.get("enable_dp_attention"):
         raise ValueError("DP attention derives ports outside the Engine's block (port + 13, port + 233..237)")
-    return dict(kwargs, **block.engine_kwargs())
+    ports = block.engine_kwargs()
+    if int(kwargs.get("dp_size", 1)) > 1:
+        ports.pop("nccl_port")
+    return dict(kwargs, **ports)
 
 
 # ----------------------------------------------------------------------------- environment
@@ -257,8 +265,9 @@ def pythonpath_for_site(pythonpath: str | None, site: str) -> str:
 def subprocess_env(mode: str, probe_dir: Path, log_config: Path | None, *, sync_probe: bool = False,
                    seq_lens_sites: Sequence[str] | None = None, site: str | None = None,
                    ports: PortBlock | None = None, cuda_visible_devices: str | None = None,
-                   base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of an Engine's worker process (``base``: default ``os.environ``)."""
+                   base: dict[str, str] | None = None, probe_funcs: Sequence[str] = ()) -> dict[str, str]:
+    """The environment of an Engine's worker process (``base``: default ``os.environ``);
+    ``probe_funcs``: functions the call-count probe counts besides :data:`PROBE_FUNC`."""
     env = dict(os.environ if base is None else base)
     for k in ("SMOKE_SYNC_PROBE", "SMOKE_SYNC_SEQ_LENS_SITES", "SMOKE_HOST_PROFILE"):  # each run says what it wants
         env.pop(k, None)
@@ -272,7 +281,7 @@ def subprocess_env(mode: str, probe_dir: Path, log_config: Path | None, *, sync_
         path = pythonpath_for_site(path, site)
     env["PYTHONPATH"] = os.pathsep.join([str(PROBE_DIR)] + [p for p in _split_path(path) if p != str(PROBE_DIR)])
     env["SMOKE_PROBE_DIR"] = str(probe_dir)
-    env["SMOKE_PROBE_FUNCS"] = PROBE_FUNC
+    env["SMOKE_PROBE_FUNCS"] = ",".join([PROBE_FUNC] + [f for f in probe_funcs if f != PROBE_FUNC])
     env["SMOKE_PROBE_FLUSH_S"] = "0.5"
     env["SGLANG_ENABLE_SPEC_V2"] = "1"
     env["PYTHONUNBUFFERED"] = "1"

@@ -219,9 +219,18 @@ def scan_log(text: str) -> LogFindings:
 class ProbeSummary:
     processes: list[dict[str, Any]]
     scheduler_pids: list[int]
-    scheduler_calls: int
-    total_calls: int
+    scheduler_calls: int  # calls of PROBE_FUNC in scheduler processes
+    total_calls: int  # calls of PROBE_FUNC in every process
     mechanisms: list[str]
+    #: Calls per probed function name in the scheduler processes (``SMOKE_PROBE_FUNCS`` may
+    #: name more functions than PROBE_FUNC, e.g. the PD-decode cases' ``process_prebuilt``).
+    scheduler_calls_by_name: dict[str, int] = field(default_factory=dict)
+
+
+def _probe_calls(record: dict[str, Any], name: str = PROBE_FUNC) -> int:
+    """Calls of ``name`` in one probe record (records without ``by_name`` probed only it)."""
+    by_name = record.get("by_name")
+    return int(by_name.get(name, 0)) if isinstance(by_name, dict) else int(record.get("total", 0))
 
 
 def summarize_probe(records: Iterable[dict[str, Any]]) -> ProbeSummary:
@@ -232,19 +241,25 @@ def summarize_probe(records: Iterable[dict[str, Any]]) -> ProbeSummary:
                 "pid": r.get("pid"),
                 "proctitle": r.get("proctitle"),
                 "argv": r.get("argv"),
-                "calls": int(r.get("total", 0)),
+                "calls": _probe_calls(r),
+                "by_name": dict(r.get("by_name") or {}),
                 "by_qualname": r.get("by_qualname", {}),
                 "mechanism": r.get("mechanism"),
             }
         )
     procs.sort(key=lambda p: p["pid"] or 0)
     sched = [p for p in procs if (p["proctitle"] or "").startswith(SCHEDULER_TITLE)]
+    by_name: dict[str, int] = {}
+    for p in sched:
+        for name, n in p["by_name"].items():
+            by_name[name] = by_name.get(name, 0) + int(n)
     return ProbeSummary(
         processes=procs,
         scheduler_pids=[p["pid"] for p in sched],
         scheduler_calls=sum(p["calls"] for p in sched),
         total_calls=sum(p["calls"] for p in procs),
         mechanisms=sorted({str(p["mechanism"]) for p in procs}),
+        scheduler_calls_by_name=by_name,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,18 +36,20 @@ def test_matrix_covers_every_combination_once() -> None:
     matrix = e2e.select_cases(None, groups=["matrix"])
     combos = {(c.algorithm, c.backend, c.cuda_graph, c.pcg) for c in matrix}
     assert len(matrix) == len(combos) == 16 and all(c.profile == "matrix" and c.gpus == 1 for c in matrix)
-    assert {c.profile for c in e2e.all_cases()} == {"matrix", "retract", "soak", "text", "http", "eos", "radix",
-                                                    "seeded"}
-    tp2 = [c for c in e2e.all_cases() if c.gpus == 2]
+    assert {"matrix", "retract", "soak", "text", "http", "eos", "radix", "seeded", "pd"} <= {
+        c.profile for c in e2e.all_cases()}
+    tp2 = [c for c in e2e.all_cases() if dict(c.extra).get("tp_size") == 2]
     assert {(c.algorithm, c.backend, c.pcg) for c in tp2} == {("EAGLE3", "triton", False),
-                                                              ("STANDALONE", "flashinfer", True)}
+                                                              ("STANDALONE", "flashinfer", True),
+                                                              ("STANDALONE", "default", True)}
     assert [c.name for c in e2e.all_cases() if c.server] == ["http-eagle3-triton-graph-nopcg"]
     assert len({c.name for c in e2e.all_cases()}) == len(e2e.all_cases())
 
 
 def test_groups_split_the_suite_and_the_fa3_set_covers_what_was_asked() -> None:
     base, fa3 = e2e.select_cases(None, groups=["base"]), e2e.select_cases(None, groups=["fa3"])
-    assert sorted(c.name for c in base + fa3) == sorted(c.name for c in e2e.all_cases())
+    every = {c.name for c in e2e.select_cases(None, groups=sorted(e2e.GROUPS))}
+    assert every == {c.name for c in e2e.all_cases()}  # every case is in some group
     assert not {c.name for c in base} & {c.name for c in fa3}
     assert not any(c.needs_fa3 for c in base)
     by = {c.name: c for c in fa3}
@@ -680,3 +683,128 @@ def test_main_writes_the_record_after_every_case_and_says_whether_fa3_was_there(
     report = (out / "e2e-all.txt").read_text()
     assert report.startswith("FA3: not installed") and "2 skipped (2 for no FA3)" in report and rc == 1
     assert (out / "logs-all.tar.gz").exists()
+
+
+# ----------------------------------------------------------------------------- deployments
+
+
+def test_deployment_cases_tp2_default_dp2_and_pd_decode(tmp_path: Path) -> None:
+    by = {c.name: c for c in e2e.select_cases(None, groups=["multi", "pd"])}
+    assert {n for n in by if n.startswith("dp2-")} == {"dp2-standalone-triton-graph-nopcg", "dp2-default-eagle3"}
+    assert "tp2-default-standalone" in by and by["tp2-default-standalone"].needs_fa3
+    assert all(by[n].gpus == 2 for n in by if n.startswith(("tp2-", "dp2-")))
+    pd = [c for c in by.values() if c.pd_decode]
+    assert {c.name for c in pd} == {n for n in by if n.startswith("pd-")} and len(pd) == 3
+    assert {(c.backend, c.cuda_graph) for c in pd} == {("triton", True), ("fa3", True), ("fa3", False)}
+    base = {c.name for c in e2e.select_cases(None, groups=["base"])}
+    assert "tp2-default-standalone" not in base and not any(c.needs_fa3 for c in e2e.all_cases() if c.name in base)
+    for c in pd:
+        kw = e2e.engine_kwargs(c, tmp_path)
+        assert (kw["disaggregation_mode"], kw["disaggregation_transfer_backend"]) == ("decode", "fake")
+        assert kw["enable_deterministic_inference"] is True and c.algorithm == "EAGLE3"
+    dp = e2e.engine_kwargs(by["dp2-default-eagle3"], tmp_path)
+    assert dp["dp_size"] == 2 and "attention_backend" not in dp and "disable_piecewise_cuda_graph" not in dp
+
+
+def test_pd_decode_cases_rest_on_sglangs_own_behaviour() -> None:
+    """What the PD-decode cases assume of SGLang 0.5.12.post1, checked against it: only the
+    EAGLE family is seeded by process_prebuilt (so the cases are EAGLE3), and the pool never
+    hands out a freed KV slot again in a run (the workload fits the pool, so every prefix is
+    zeroed KV whatever ran before it)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    assert SpeculativeAlgorithm.EAGLE3.is_eagle() and not SpeculativeAlgorithm.STANDALONE.is_eagle()
+    slack = 16  # draft tokens past the last accepted one, per request
+    for c in (c for c in e2e.all_cases() if c.pd_decode):
+        sc = e2e.scenarios(c.profile, 4096)
+        need = sum(len(ids) + p["max_new_tokens"] + slack for s in sc
+                   for ids, p in zip(s["input_ids"], s["sampling_params"]))
+        assert need < dict(c.extra)["max_total_tokens"], (c.name, need)
+    arrivals = {s["name"]: s for s in e2e.scenarios("pd", 4096)}["pd_arrivals"]
+    assert arrivals["concurrency"] == 8 and arrivals["abort_after_chunks"]
+
+
+def test_the_pd_probe_counts_functions_by_the_names_both_runs_give_them(clean_state: Any) -> None:
+    """The probe counts calls by code name: SGLang's functions and the plugin's replacements
+    of them must carry the names the PD cases count (a renamed replacement would read 0)."""
+    import sglang_futuremap_patch as plugin
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    stock = {name: getattr(ScheduleBatch, name).__code__ for name in e2e.PD_PROBE_FUNCS}
+    plugin.apply(mode="strict")
+    patched = {name: getattr(ScheduleBatch, name).__code__ for name in e2e.PD_PROBE_FUNCS}
+    for name in e2e.PD_PROBE_FUNCS:
+        assert stock[name].co_name == patched[name].co_name == name
+        assert patched[name] is not stock[name]  # the patched run counts the plugin's function
+
+
+def test_pd_checks_need_prebuilt_batches_merged_and_one_scheduler_per_gpu() -> None:
+    case = next(c for c in e2e.all_cases() if c.pd_decode)
+    scs = [{"name": "r", "kind": "batch", "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True}]}]
+    res = {"pid": 10, "scenarios": {"r": {"outputs": [_rec([1, 2])]}}}
+
+    def run(mode: str, prebuilt: int, merges: int) -> dict[str, Any]:
+        r = _side(mode, res)
+        r["probe"].scheduler_calls_by_name.update(process_prebuilt=prebuilt, merge_batch=merges)
+        return r
+
+    assert all(c.ok for c in e2e.evaluate_case(case, scs, run("off", 5, 3), run("strict", 5, 3)))
+    bad = [c.name for c in e2e.evaluate_case(case, scs, run("off", 5, 3), run("strict", 1, 0))]
+    failing = [c.name for c in e2e.evaluate_case(case, scs, run("off", 5, 3), run("strict", 1, 0)) if not c.ok]
+    assert failing == ["patched: prebuilt batches joined a running batch"] and len(bad) > len(failing)
+
+    dp = next(c for c in e2e.all_cases() if c.name == "dp2-default-eagle3")
+    stock = _fake_run(res, disabled=2, calls=5, sched=(11, 12))
+    two = _fake_run(res, applied=(10, 11, 12), sched=(11, 12))
+    one = _fake_run(res, applied=(10, 11), sched=(11,))
+    assert all(c.ok for c in e2e.evaluate_case(dp, scs, stock, two))
+    assert [c.name for c in e2e.evaluate_case(dp, scs, stock, one) if not c.ok] == ["patched: 2 scheduler processes"]
+
+
+def test_probe_summary_counts_the_verify_wait_apart_from_other_probed_functions() -> None:
+    probe = smoke.summarize_probe([
+        {"pid": 2, "proctitle": "sglang::scheduler_DP0_TP0", "total": 9, "mechanism": "m",
+         "by_name": {ge.PROBE_FUNC: 0, "process_prebuilt": 6, "merge_batch": 3}},
+        {"pid": 3, "proctitle": "sglang::scheduler_DP1_TP0", "total": 5, "mechanism": "m",
+         "by_name": {ge.PROBE_FUNC: 1, "process_prebuilt": 4, "merge_batch": 0}},
+        {"pid": 1, "proctitle": None, "total": 0, "mechanism": "m", "by_name": {ge.PROBE_FUNC: 0}},
+    ])
+    assert probe.scheduler_pids == [2, 3] and probe.scheduler_calls == 1 and probe.total_calls == 1
+    assert probe.scheduler_calls_by_name == {ge.PROBE_FUNC: 1, "process_prebuilt": 10, "merge_batch": 3}
+    env = ge.subprocess_env("strict", Path("/nonexistent"), None, base={}, probe_funcs=e2e.PD_PROBE_FUNCS)
+    assert env["SMOKE_PROBE_FUNCS"] == ",".join((ge.PROBE_FUNC,) + e2e.PD_PROBE_FUNCS)
+
+
+def test_data_parallel_engines_leave_the_nccl_ports_to_sglang(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's DP controller makes a ``PortArgs`` per DP rank: with a fixed ``nccl_port`` every
+    rank gets that same port (their torch.distributed stores would collide), without one each
+    gets a free port of its own. So a DP Engine gets ``port`` only."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from sglang.srt.server_args import PortArgs
+
+    block = ge.PortAllocator().allocate("dp")
+    kw = ge.with_ports({"model_path": "m", "dp_size": 2}, block)
+    assert kw["port"] == block.port and "nccl_port" not in kw
+    assert ge.with_ports({"model_path": "m", "dp_size": 1}, block)["nccl_port"] == block.nccl_port
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # PortArgs names IPC files there
+
+    def rank_ports(nccl_port: int | None) -> list[int]:
+        args = SimpleNamespace(nccl_port=nccl_port, tokenizer_worker_num=1, enable_dp_attention=False)
+        held = []  # the controller holds each rank's port until every rank has one
+        try:
+            for _ in range(2):
+                port = PortArgs.init_new(args).nccl_port
+                held.append(socket.create_server(("127.0.0.1", port)))
+            return [h.getsockname()[1] for h in held]
+        except OSError:
+            return []
+        finally:
+            for h in held:
+                h.close()
+
+    assert len(set(rank_ports(kw.get("nccl_port")))) == 2
+    assert rank_ports(block.nccl_port) == []  # the same port twice: the second rank cannot have it
