@@ -7,6 +7,8 @@
 #   bash scripts/gpu/run_e2e.sh --group fa3 --jobs 10   # the FA3 set, 15 cases (~6-8 min on one H100)
 #   bash scripts/gpu/run_e2e.sh --cases 'default-*' 'fa3-*' 'page16-*' 'radix-*' 'seeded-*' 'eos-*'
 #   bash scripts/gpu/run_e2e.sh --shard 1/2          # half of everything (fits a 10-minute slot)
+#   bash scripts/gpu/run_e2e.sh --group pd           # PD-disaggregation decode, fake transfer (one GPU; FA3 rows need FA3)
+#   bash scripts/gpu/run_e2e.sh --group multi        # TP=2 and dp_size 2 (nvidia-h200-x2; FA3 staged for the default rows)
 #
 # Device calls for the FA3 set (FA3 lives in /tmp of the machine: stage it right before, ../shared/gpu/README.md):
 #   1. carry [".gpu-fa3a"]: bash .gpu-fa3a/stage.sh
