@@ -48,13 +48,21 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
   0.8, top_p 0.9 and a ``sampling_seed`` per request under deterministic inference).
   Cases that need FA3 (backend fa3 or default) are skipped where ``sgl_kernel.flash_ops``
   does not import; the report and the JSON say whether FA3 was there.
+* multi-layer EAGLE (``--group mtp``; ``MultiLayerEagleWorkerV2``, one draft model per step):
+  the tiny MiMoV2 target (hybrid sliding-window attention) and its MTP draft of three layers
+  (``mimov2/``, ``mimov2-mtp/`` from ``make_tiny_models.py``; ``--speculative-algorithm EAGLE``,
+  3 steps, topk 1, 4 draft tokens, ``trust_remote_code``): ``mtp-default-{graph,nograph}-pcg``
+  (SGLang's own backend and piecewise CUDA graph choice: FA3 + PCG on Hopper),
+  ``mtp-fa3-graph-nopcg``, ``mtp-triton-{graph-nopcg,nograph-nopcg,graph-pcg}``, all with the
+  matrix scenarios, and ``mtp-eos-default`` (the ``eos`` churn). The ``default`` and ``fa3``
+  ones need FA3.
 
 With several GPUs (``--gpus``, default: every visible one) single-GPU Engines are spread over
 them round-robin; a TP=2 Engine takes the first two. Every Engine gets ports no other Engine of
 the run uses (``gpu_engine.PortAllocator``).
 
 Groups (``--group``, with ``--cases`` their union): ``base`` (everything before the FA3 set),
-``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``.
+``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``.
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -118,7 +126,7 @@ VOCAB_LO = 3  # ids 0..2 are pad/bos/eos in the tiny models
 @dataclass(frozen=True)
 class Case:
     name: str
-    algorithm: str  # EAGLE3 | STANDALONE
+    algorithm: str  # EAGLE3 | STANDALONE | EAGLE (multi-layer EAGLE: the MiMoV2 target, its MTP draft)
     backend: str  # triton | flashinfer | fa3 | default (none given: SGLang picks, FA3 on Hopper)
     cuda_graph: bool
     pcg: bool  # with backend default: SGLang's default (on), not passed
@@ -171,7 +179,7 @@ def all_cases() -> list[Case]:
     # in the soak, so that any difference is the plugin's.
     cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))))
-    return cases + fa3_cases() + deployment_cases()
+    return cases + fa3_cases() + deployment_cases() + multilayer_cases()
 
 
 def fa3_cases() -> list[Case]:
@@ -198,6 +206,20 @@ def fa3_cases() -> list[Case]:
     cases.append(Case("fa3-det-standalone-nograph", "STANDALONE", "fa3", False, False, "matrix", det))
     cases.append(Case("fa3-standalone-graph-pcg-maxbs8", "STANDALONE", "fa3", True, True, "matrix",
                       (("cuda_graph_max_bs", 8),)))
+    return cases
+
+
+def multilayer_cases() -> list[Case]:
+    """Multi-layer EAGLE (MTP, ``MultiLayerEagleWorkerV2``): the tiny MiMoV2 target and its three
+    MTP layers (one draft model per step) on SGLang's default (FA3 + piecewise CUDA graph on
+    Hopper), on FA3 without piecewise CUDA graph and on Triton, CUDA graph on and off."""
+    mtp = (("trust_remote_code", True),)  # the MiMoV2 checkpoint carries its config class
+    cases = [Case(f"mtp-default-{_graph_name(graph, True)}", "EAGLE", "default", graph, True, "matrix", mtp)
+             for graph in (True, False)]
+    cases.append(Case("mtp-fa3-graph-nopcg", "EAGLE", "fa3", True, False, "matrix", mtp))
+    for graph, pcg in ((True, False), (False, False), (True, True)):
+        cases.append(Case(f"mtp-triton-{_graph_name(graph, pcg)}", "EAGLE", "triton", graph, pcg, "matrix", mtp))
+    cases.append(Case("mtp-eos-default", "EAGLE", "default", True, True, "eos", mtp))
     return cases
 
 
@@ -234,6 +256,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "fa3": ("default-*", "fa3-*", "page16-*", "eos-*", "radix-*", "seeded-*"),
     "multi": ("tp2-*", "dp2-*"),
     "pd": ("pd-*",),
+    "mtp": ("mtp-*",),
 }
 
 
@@ -256,12 +279,16 @@ def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repea
     return cases + [replace(c, name=f"{c.name}~{k}") for k in range(2, repeat + 1) for c in cases]
 
 
+#: The model directories (``make_tiny_models.py``) of each algorithm: target, draft.
+MODEL_DIRS = {"EAGLE3": ("target", "eagle3"), "STANDALONE": ("target", "draft"), "EAGLE": ("mimov2", "mimov2-mtp")}
+
+
 def engine_kwargs(case: Case, models: Path) -> dict[str, Any]:
-    draft = models / ("eagle3" if case.algorithm == "EAGLE3" else "draft")
+    target, draft = (models / name for name in MODEL_DIRS[case.algorithm])
     default = case.backend == "default"
     extra = dict(case.extra)
     return ge.spec_engine_kwargs(
-        str(models / "target"), str(draft), algorithm=case.algorithm, backend=case.backend,
+        str(target), str(draft), algorithm=case.algorithm, backend=case.backend,
         cuda_graph=case.cuda_graph, pcg=None if default else case.pcg, mem_fraction=0.06,
         cuda_graph_max_bs=extra.pop("cuda_graph_max_bs", 64), pcg_max_tokens=512 if case.pcg else None,
         **dict({"chunked_prefill_size": 512, "max_running_requests": 56, "max_total_tokens": 65536}, **extra))

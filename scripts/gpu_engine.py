@@ -2,9 +2,11 @@
 """The Engine layer of the GPU harness, shared by ``gpu_smoke.py``, ``gpu_e2e.py`` and
 ``bench_spec_v2.py``: what every Engine run needs, written once.
 
-* **Variants**: ``stock`` (``SGLANG_FUTUREMAP_PATCH=off``), ``patched`` (``strict``) and
+* **Variants**: ``stock`` (``SGLANG_FUTUREMAP_PATCH=off``), ``patched`` (``strict``),
   ``upstream`` (stock SGLang of a second bundle, e.g. 0.5.13, whose site folder replaces the
-  current SGLang's on ``PYTHONPATH``; the plugin is not installed there).
+  current SGLang's on ``PYTHONPATH``; the plugin is not installed there) and ``tree`` (a copy
+  of the current ``sglang`` package with ``patches/`` applied, first on ``PYTHONPATH``; the
+  plugin is off, :func:`build_tree_site`).
 * **Ports**: every Engine of a run gets a block of :data:`PORT_BLOCK` ports of its own
   (:class:`PortAllocator`), passed as ``port`` / ``nccl_port`` and ``SGLANG_PORT``. Without
   them each Engine asks the kernel for a free NCCL port and releases it before torch binds it,
@@ -63,11 +65,13 @@ DEFAULT_UPSTREAM_SITE = "/tmp/site312-0.5.13"
 @dataclass(frozen=True)
 class Variant:
     """One side of a comparison: an ``SGLANG_FUTUREMAP_PATCH`` value and, for ``upstream``,
-    the site folder whose SGLang the Engine runs instead of the current one."""
+    the site folder whose SGLang the Engine runs instead of the current one; for ``tree``,
+    the folder (``overlay``) put first on ``PYTHONPATH`` in front of everything else."""
 
     name: str
     mode: str
     site: str | None = None
+    overlay: str | None = None
 
     @property
     def plugin_expected(self) -> str:
@@ -80,7 +84,9 @@ class Variant:
 
 STOCK = Variant("stock", "off")
 PATCHED = Variant("patched", "strict")
-VARIANT_NAMES = ("stock", "patched", "upstream")
+VARIANT_NAMES = ("stock", "patched", "upstream", "tree")
+#: Where the ``tree`` variant's site is, when make_variants is not told.
+TREE_SITE_ENV = "SGLANG_TREE_SITE"
 
 
 def upstream_site(explicit: str | None = None) -> str:
@@ -88,7 +94,7 @@ def upstream_site(explicit: str | None = None) -> str:
 
 
 def make_variants(names: Iterable[str], *, patched_mode: str = "strict",
-                  upstream: str | None = None) -> list[Variant]:
+                  upstream: str | None = None, tree: str | None = None) -> list[Variant]:
     out = []
     for name in names:
         if name == "stock":
@@ -97,9 +103,45 @@ def make_variants(names: Iterable[str], *, patched_mode: str = "strict",
             out.append(Variant("patched", patched_mode))
         elif name == "upstream":
             out.append(Variant("upstream", "off", upstream_site(upstream)))
+        elif name == "tree":
+            site = tree or os.environ.get(TREE_SITE_ENV)
+            if not site:
+                raise ValueError(f"the tree variant needs its site: build_tree_site(), then pass it or set {TREE_SITE_ENV}")
+            out.append(Variant("tree", "off", overlay=site))
         else:
             raise ValueError(f"unknown variant {name!r}; choose from {list(VARIANT_NAMES)}")
     return out
+
+
+def build_tree_site(out: Path, patches_dir: Path | None = None) -> Path:
+    """The ``tree`` variant's site: a copy of this environment's ``sglang`` package at
+    ``out/python/sglang`` with the series in ``patches/`` applied, patch by patch (``git apply``,
+    else ``patch``; ``-p2``: the series names ``python/sglang/...``, this copy is wheel-shaped).
+    Returns ``out/python``, the folder to put first on ``PYTHONPATH``."""
+    import importlib.util
+    import shutil
+
+    from sglang_futuremap_patch.series_tools import series_patches
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("SGLang is not importable here: nothing to copy for the tree variant")
+    site = out / "python"
+    shutil.copytree(list(spec.submodule_search_locations)[0], site / "sglang",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(out))  # never a git repository around it
+    for patch in series_patches(patches_dir):
+        for cmd in (["git", "apply", "-p2", str(patch)], ["patch", "-p2", "--batch", "--forward", "-i", str(patch)]):
+            try:
+                proc = subprocess.run(cmd, cwd=site, env=env, capture_output=True, text=True)
+            except FileNotFoundError:
+                continue  # no git here: try patch
+            if proc.returncode:
+                raise RuntimeError(f"{patch.name} does not apply to {site / 'sglang'}: {(proc.stdout + proc.stderr).strip()[:400]}")
+            break
+        else:
+            raise RuntimeError("neither git nor patch is installed: cannot apply the series")
+    return site
 
 
 def site_sglang_version(site: str | Path) -> str | None:
@@ -265,9 +307,11 @@ def pythonpath_for_site(pythonpath: str | None, site: str) -> str:
 def subprocess_env(mode: str, probe_dir: Path, log_config: Path | None, *, sync_probe: bool = False,
                    seq_lens_sites: Sequence[str] | None = None, site: str | None = None,
                    ports: PortBlock | None = None, cuda_visible_devices: str | None = None,
-                   base: dict[str, str] | None = None, probe_funcs: Sequence[str] = ()) -> dict[str, str]:
+                   base: dict[str, str] | None = None, probe_funcs: Sequence[str] = (),
+                   overlay: str | None = None) -> dict[str, str]:
     """The environment of an Engine's worker process (``base``: default ``os.environ``);
-    ``probe_funcs``: functions the call-count probe counts besides :data:`PROBE_FUNC`."""
+    ``probe_funcs``: functions the call-count probe counts besides :data:`PROBE_FUNC`;
+    ``overlay``: a folder put first on ``PYTHONPATH`` (the ``tree`` variant's site)."""
     env = dict(os.environ if base is None else base)
     for k in ("SMOKE_SYNC_PROBE", "SMOKE_SYNC_SEQ_LENS_SITES", "SMOKE_HOST_PROFILE"):  # each run says what it wants
         env.pop(k, None)
@@ -279,6 +323,8 @@ def subprocess_env(mode: str, probe_dir: Path, log_config: Path | None, *, sync_
     path = env.get("PYTHONPATH")
     if site is not None:
         path = pythonpath_for_site(path, site)
+    if overlay is not None:
+        path = os.pathsep.join([overlay] + [p for p in _split_path(path) if p != overlay])
     env["PYTHONPATH"] = os.pathsep.join([str(PROBE_DIR)] + [p for p in _split_path(path) if p != str(PROBE_DIR)])
     env["SMOKE_PROBE_DIR"] = str(probe_dir)
     env["SMOKE_PROBE_FUNCS"] = ",".join([PROBE_FUNC] + [f for f in probe_funcs if f != PROBE_FUNC])
@@ -362,13 +408,16 @@ def engine_error(returncode: int | None, result: dict[str, Any] | None, log_text
 
 def build_tiny_models(out: Path) -> dict[str, Path]:
     """The offline tiny models (``make_tiny_models.py``): ``target`` (with a tokenizer),
-    ``draft`` (STANDALONE) and ``eagle3``."""
+    ``draft`` (STANDALONE), ``eagle3``, and for multi-layer EAGLE ``mimov2`` (a MiMoV2 target
+    with a tokenizer) and ``mimov2-mtp`` (its MTP draft)."""
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
-    from make_tiny_models import DRAFT_DIRNAME, EAGLE3_DIRNAME, TARGET_DIRNAME, make_models
+    from make_tiny_models import (DRAFT_DIRNAME, EAGLE3_DIRNAME, MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME, TARGET_DIRNAME,
+                                  make_models)
 
     make_models(out)
-    return {"target": out / TARGET_DIRNAME, "draft": out / DRAFT_DIRNAME, "eagle3": out / EAGLE3_DIRNAME}
+    return {"target": out / TARGET_DIRNAME, "draft": out / DRAFT_DIRNAME, "eagle3": out / EAGLE3_DIRNAME,
+            "mimov2": out / MIMOV2_DIRNAME, "mimov2-mtp": out / MIMOV2_MTP_DIRNAME}
 
 
 def model_config(model_dir: str | Path) -> dict[str, Any]:

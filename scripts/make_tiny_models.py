@@ -159,7 +159,9 @@ def expected_eagle3_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]
 def shapes_for(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     if config["architectures"] == ["LlamaForCausalLMEagle3"]:
         return expected_eagle3_shapes(config)
-    return expected_shapes(config)
+    if is_mtp_config(config):
+        return expected_mtp_shapes(config)
+    return expected_shapes(config)  # Llama, and the MiMoV2 target (the same tensor names)
 
 
 # ----------------------------------------------------------------------------- weights
@@ -275,9 +277,11 @@ def make_models(
     embed_std: float = 1.0,
     lm_head_std: float = 0.2,
     late_layer_scale: float = 0.5,
+    mtp: bool = True,
     **shape: Any,
 ) -> tuple[Path, Path]:
-    """Write ``out/target`` (with its tokenizer), ``out/draft`` and ``out/eagle3``;
+    """Write ``out/target`` (with its tokenizer), ``out/draft``, ``out/eagle3`` and (``mtp``)
+    ``out/mimov2`` + ``out/mimov2-mtp`` (their own fixed shape: ``shape`` is the Llama pair's);
     returns the target and STANDALONE draft paths."""
     if not 1 <= draft_layers <= target_layers:
         raise ValueError(f"draft_layers must be in 1..{target_layers}, got {draft_layers}")
@@ -299,6 +303,184 @@ def make_models(
     write_model(ddir, dcfg, dw)
     ecfg = eagle3_config(tcfg)
     write_model(out / EAGLE3_DIRNAME, ecfg, make_eagle3_weights(tw, ecfg, seed=seed, linear_std=linear_std))
+    if mtp:
+        make_mimov2_models(out, seed=seed)
+    return tdir, ddir
+
+
+# ----------------------------------------------------------------------------- MiMoV2 + MTP
+
+MIMOV2_DIRNAME = "mimov2"
+MIMOV2_MTP_DIRNAME = "mimov2-mtp"
+MIMOV2_ARCH = "MiMoV2ForCausalLM"
+MIMOV2_MODEL_TYPE = "mimo_v2"
+#: transformers 5.6 has no MiMoV2 config class: the checkpoint carries one (``auto_map``),
+#: as the published MiMo-V2 checkpoints do, and SGLang reads it with ``trust_remote_code``.
+MIMOV2_CONFIG_MODULE = "configuration_mimo_v2"
+MIMOV2_CONFIG_CLASS = "TinyMiMoV2Config"
+MIMOV2_CONFIG_SOURCE = f'''"""Config class of the tiny MiMoV2 test model (written by make_tiny_models.py).
+
+transformers has no ``{MIMOV2_MODEL_TYPE}`` model type, so this checkpoint names this class in
+``auto_map``; every field comes from config.json."""
+
+from transformers import PretrainedConfig
+
+
+class {MIMOV2_CONFIG_CLASS}(PretrainedConfig):
+    model_type = "{MIMOV2_MODEL_TYPE}"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+'''
+#: One MTP layer per draft step: SGLang's multi-layer EAGLE gives step k its own draft model,
+#: loaded from ``model.mtp.layers.<k>.*`` (``--speculative-num-steps`` <= this).
+MTP_LAYERS = 3
+
+
+def mimov2_config(
+    *,
+    num_layers: int = 4,
+    hybrid_layer_pattern: tuple[int, ...] = (1, 0, 1, 0),
+    sliding_window: int = 128,
+    hidden_size: int = 256,
+    intermediate_size: int = 512,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    vocab_size: int = 4096,
+    max_position_embeddings: int = 4096,
+    rope_theta: float = 10000.0,
+    layernorm_epsilon: float = 1e-5,
+    mtp_layers: int | None = None,
+) -> dict[str, Any]:
+    """``config.json`` of a dense ``MiMoV2ForCausalLM`` (no MoE layer: no ``moe_layer_freq``)
+    with hybrid sliding-window attention, stored in bf16. ``mtp_layers``: the MTP draft's
+    config (``num_nextn_predict_layers``), else the target's.
+
+    ``hybrid_layer_pattern[i]`` is 1 for a sliding-window layer, 0 for a full-attention one.
+    Sliding-window and full layers have the same head shapes (SGLang reads them from
+    ``swa_*`` and the plain keys), so the MTP layers, which are sliding-window layers, can copy
+    the target's layer 0, and one KV width serves both pools. No attention sinks, no value
+    scale, full rotary dimension: the plainest MiMoV2 that SGLang runs.
+    ``n_routed_experts`` is 1 because ``MiMoV2ForCausalLM.load_weights`` builds its expert
+    name map from it even when no layer is MoE (1 is not MoE for SGLang's loader)."""
+    if len(hybrid_layer_pattern) != num_layers or set(hybrid_layer_pattern) - {0, 1}:
+        raise ValueError(f"hybrid_layer_pattern must hold {num_layers} values of 0/1, got {hybrid_layer_pattern}")
+    if 0 not in hybrid_layer_pattern:
+        raise ValueError("hybrid_layer_pattern needs at least one full-attention layer (0)")
+    cfg: dict[str, Any] = {
+        "architectures": [MIMOV2_ARCH],
+        "model_type": MIMOV2_MODEL_TYPE,
+        "auto_map": {"AutoConfig": f"{MIMOV2_CONFIG_MODULE}.{MIMOV2_CONFIG_CLASS}"},
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "v_head_dim": head_dim,
+        "swa_num_attention_heads": num_heads,
+        "swa_num_key_value_heads": num_kv_heads,
+        "swa_head_dim": head_dim,
+        "swa_v_head_dim": head_dim,
+        "hybrid_layer_pattern": list(hybrid_layer_pattern),
+        "sliding_window_size": sliding_window,
+        "add_swa_attention_sink_bias": False,
+        "add_full_attention_sink_bias": False,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": max_position_embeddings,
+        "rope_theta": rope_theta,
+        "swa_rope_theta": rope_theta,
+        "layernorm_epsilon": layernorm_epsilon,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "n_routed_experts": 1,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+    }
+    if mtp_layers is not None:
+        cfg["num_nextn_predict_layers"] = mtp_layers
+    return cfg
+
+
+def is_mtp_config(config: dict[str, Any]) -> bool:
+    return config["architectures"] == [MIMOV2_ARCH] and bool(config.get("num_nextn_predict_layers"))
+
+
+_MTP_BLOCK = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+              "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+              "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+
+
+def expected_mtp_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Tensor names of the MTP draft checkpoint, as ``MiMoV2MTP.load_weights`` maps them after
+    SGLang's loader keeps only layer ``k`` of ``model.mtp.layers.<k>.*`` for draft step ``k``:
+    ``enorm`` / ``hnorm`` (the embedding and the target's hidden state, each normalised),
+    ``eh_proj`` (their concatenation -> hidden), one decoder block, ``final_layernorm``; plus the
+    embedding and lm_head, which the draft worker replaces with the target's at start-up."""
+    target = expected_shapes(config)
+    h = config["hidden_size"]
+    shapes = {"model.embed_tokens.weight": target["model.embed_tokens.weight"], "lm_head.weight": target["lm_head.weight"]}
+    for k in range(config["num_nextn_predict_layers"]):
+        p = f"model.mtp.layers.{k}."
+        shapes.update({p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "eh_proj.weight": (h, 2 * h),
+                       p + "final_layernorm.weight": (h,)})
+        shapes.update({p + name: target["model.layers.0." + name] for name in _MTP_BLOCK})
+    return shapes
+
+
+def make_mtp_weights(
+    target: dict[str, "torch.Tensor"],  # noqa: F821
+    config: dict[str, Any],
+    *,
+    seed: int = 1234,
+    link_std: float = 0.01,
+) -> dict[str, "torch.Tensor"]:  # noqa: F821
+    """MTP layers correlated with the target: each is the target's layer 0 behind an
+    ``eh_proj`` that passes the (normalised) next-token embedding through unchanged and mixes in
+    the target's hidden state with small random weights (``link_std``, a different draw per
+    layer), then the target's final norm. A step's guess is thus about the target's own
+    prediction without its later (scaled-down) layers: often right, not always."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed + 5)
+    h = config["hidden_size"]
+    out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": target["model.embed_tokens.weight"].clone(),
+                                    "lm_head.weight": target["lm_head.weight"].clone()}
+    for k in range(config["num_nextn_predict_layers"]):
+        p = f"model.mtp.layers.{k}."
+        link = link_std * torch.randn((h, h), generator=gen)
+        out[p + "eh_proj.weight"] = torch.cat([torch.eye(h), link], dim=1).to(torch.bfloat16).contiguous()
+        out[p + "enorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+        out[p + "hnorm.weight"] = (1.0 + 0.1 * torch.randn(h, generator=gen)).to(torch.bfloat16)
+        out[p + "final_layernorm.weight"] = target["model.norm.weight"].clone()
+        for name in _MTP_BLOCK:
+            out[p + name] = target["model.layers.0." + name].clone()
+    return out
+
+
+def make_mimov2_models(out: Path, *, seed: int = 1234, mtp_layers: int = MTP_LAYERS, linear_std: float = 0.08,
+                       link_std: float = 0.01, **shape: Any) -> tuple[Path, Path]:
+    """Write ``out/mimov2`` (the target, with its tokenizer) and ``out/mimov2-mtp`` (its MTP
+    draft); returns both paths. The target's layers after the first are scaled down, as for the
+    Llama pair, so the MTP layers (copies of layer 0) agree with it often but not always.
+
+    ``linear_std`` 0.08 (the Llama pair: 0.05 at twice the width) gives the narrower model the
+    same dependence on context: one token changed 200 positions back changes about 1% of the
+    later greedy predictions, as for the Llama target (0.3% at 0.05)."""
+    tcfg = mimov2_config(**shape)
+    dcfg = mimov2_config(mtp_layers=mtp_layers, **shape)
+    tw = make_target_weights(tcfg, seed=seed + 100, linear_std=linear_std, draft_layers=1)
+    tdir, ddir = out / MIMOV2_DIRNAME, out / MIMOV2_MTP_DIRNAME
+    for directory, cfg, weights in ((tdir, tcfg, tw), (ddir, dcfg, make_mtp_weights(tw, dcfg, seed=seed, link_std=link_std))):
+        write_model(directory, cfg, weights)
+        (directory / f"{MIMOV2_CONFIG_MODULE}.py").write_text(MIMOV2_CONFIG_SOURCE)
+    write_tokenizer(tdir, tcfg["vocab_size"])
     return tdir, ddir
 
 
@@ -355,6 +537,108 @@ def hf_greedy_probe(target: Path, draft: Path, prompts: int = 4, new_tokens: int
             agree += int((t_next == d_next).sum())
             total += int(t_next.numel())
     return {"distinct_per_output": distinct, "draft_agreement": agree / max(total, 1), "outputs": outputs}
+
+
+def _load_fp32(directory: Path) -> tuple[dict[str, Any], dict[str, "torch.Tensor"]]:  # noqa: F821
+    from safetensors.torch import load_file
+
+    config = json.loads((directory / "config.json").read_text())
+    return config, {k: v.float() for k, v in load_file(str(directory / "model.safetensors")).items()}
+
+
+def _rms_norm(x: "torch.Tensor", weight: "torch.Tensor", eps: float) -> "torch.Tensor":  # noqa: F821
+    import torch
+
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _decoder_block(x: "torch.Tensor", w: dict[str, "torch.Tensor"], prefix: str, cfg: dict[str, Any],  # noqa: F821
+                   window: int | None) -> "torch.Tensor":  # noqa: F821
+    """One pre-norm block over a whole sequence (causal, optionally the last ``window`` keys
+    only), rotary embedding in the rotate-half layout SGLang's ``get_rope`` uses by default."""
+    import torch
+
+    n, nh, nkv, hd = x.shape[0], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps = cfg["layernorm_epsilon"]
+    a = _rms_norm(x, w[prefix + "input_layernorm.weight"], eps)
+    q = (a @ w[prefix + "self_attn.q_proj.weight"].T).view(n, nh, hd)
+    k = (a @ w[prefix + "self_attn.k_proj.weight"].T).view(n, nkv, hd)
+    v = (a @ w[prefix + "self_attn.v_proj.weight"].T).view(n, nkv, hd)
+    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    ang = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]
+    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+
+    def rope(t: torch.Tensor) -> torch.Tensor:
+        t1, t2 = t[..., : hd // 2], t[..., hd // 2:]
+        return torch.cat([t1 * cos - t2 * sin, t2 * cos + t1 * sin], dim=-1)
+
+    q, k = rope(q), rope(k)
+    k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / hd ** 0.5
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    allowed = (j <= i) & ((i - j < window) if window else True)
+    attn = torch.einsum("hqk,khd->qhd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), v)
+    x = x + attn.reshape(n, nh * hd) @ w[prefix + "self_attn.o_proj.weight"].T
+    m = _rms_norm(x, w[prefix + "post_attention_layernorm.weight"], eps)
+    gate, up = m @ w[prefix + "mlp.gate_proj.weight"].T, m @ w[prefix + "mlp.up_proj.weight"].T
+    return x + (torch.nn.functional.silu(gate) * up) @ w[prefix + "mlp.down_proj.weight"].T
+
+
+def mimov2_reference(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], ids: list[int]  # noqa: F821
+                     ) -> tuple["torch.Tensor", "torch.Tensor"]:  # noqa: F821
+    """The tiny MiMoV2 target in plain torch (fp32): logits and final (normalised) hidden
+    states of every position. A probe of the weights, not SGLang's numerics."""
+    x = w["model.embed_tokens.weight"][ids]
+    for i, swa in enumerate(cfg["hybrid_layer_pattern"]):
+        x = _decoder_block(x, w, f"model.layers.{i}.", cfg, cfg["sliding_window_size"] if swa else None)
+    hidden = _rms_norm(x, w["model.norm.weight"], cfg["layernorm_epsilon"])
+    return hidden @ w["lm_head.weight"].T, hidden
+
+
+def mtp_reference(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], layer: int, ids: list[int],  # noqa: F821
+                  hidden: "torch.Tensor") -> "torch.Tensor":  # noqa: F821
+    """MTP layer ``layer`` in plain torch: position ``p`` reads token ``ids[p]`` and the target's
+    hidden state ``hidden[p]``; returns its logits (a guess at the token after ``ids[p]``)."""
+    import torch
+
+    p, eps = f"model.mtp.layers.{layer}.", cfg["layernorm_epsilon"]
+    e = _rms_norm(w["model.embed_tokens.weight"][ids], w[p + "enorm.weight"], eps)
+    x = torch.cat([e, _rms_norm(hidden, w[p + "hnorm.weight"], eps)], dim=-1) @ w[p + "eh_proj.weight"].T
+    x = _decoder_block(x, w, p, cfg, cfg["sliding_window_size"])
+    return _rms_norm(x, w[p + "final_layernorm.weight"], eps) @ w["lm_head.weight"].T
+
+
+def mtp_greedy_probe(target: Path, mtp: Path, prompts: int = 4, new_tokens: int = 48) -> dict[str, Any]:
+    """Greedy-decode a few prompts with the plain-torch MiMoV2 target, then score each MTP layer
+    under teacher forcing along the target's own continuation: layer ``k`` at position ``p``
+    reads token ``p + k + 1`` and the hidden state of ``p`` and should name token ``p + k + 2``
+    (what multi-layer EAGLE's step ``k`` drafts). Reports output variety and per-layer agreement."""
+    import torch
+
+    tcfg, tw = _load_fp32(target)
+    dcfg, dw = _load_fp32(mtp)
+    gen = torch.Generator().manual_seed(7)
+    distinct: list[int] = []
+    outputs: list[list[int]] = []
+    agree = [0] * dcfg["num_nextn_predict_layers"]
+    total = [0] * dcfg["num_nextn_predict_layers"]
+    with torch.no_grad():
+        for i in range(prompts):
+            ids = torch.randint(3, tcfg["vocab_size"], (8 + 17 * i,), generator=gen).tolist()
+            start = len(ids)
+            for _ in range(new_tokens):
+                ids.append(int(mimov2_reference(tcfg, tw, ids)[0][-1].argmax()))
+            outputs.append(ids[start:])
+            distinct.append(len(set(ids[start:])))
+            _, hidden = mimov2_reference(tcfg, tw, ids)
+            for k in range(len(agree)):
+                guess = mtp_reference(dcfg, dw, k, ids[k + 1:], hidden[: len(ids) - k - 1]).argmax(-1)
+                # positions whose guessed token is a generated one
+                lo = start - k - 2
+                agree[k] += int((guess[lo:-1] == torch.tensor(ids[start:])).sum())
+                total[k] += len(ids) - start
+    return {"distinct_per_output": distinct, "outputs": outputs,
+            "mtp_agreement": [a / max(t, 1) for a, t in zip(agree, total)]}
 
 
 # ----------------------------------------------------------------------------- CLI

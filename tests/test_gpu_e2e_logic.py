@@ -808,3 +808,35 @@ def test_data_parallel_engines_leave_the_nccl_ports_to_sglang(tmp_path: Path,
 
     assert len(set(rank_ports(kw.get("nccl_port")))) == 2
     assert rank_ports(block.nccl_port) == []  # the same port twice: the second rank cannot have it
+
+
+# ----------------------------------------------------------------------------- multi-layer EAGLE
+
+
+def test_mtp_cases_run_the_mimov2_pair_on_every_backend_with_and_without_cuda_graph(tmp_path: Path) -> None:
+    mtp = e2e.select_cases(None, groups=["mtp"])
+    assert [c.name for c in mtp] == [c.name for c in e2e.multilayer_cases()]
+    assert all(c.algorithm == "EAGLE" for c in mtp) and {c.profile for c in mtp} == {"matrix", "eos"}
+    matrix = {(c.backend, c.cuda_graph, c.pcg) for c in mtp if c.profile == "matrix"}
+    assert {("default", g, True) for g in (True, False)} | {("triton", g, False) for g in (True, False)} <= matrix
+    assert {b for b, _, _ in matrix} == {"default", "fa3", "triton"}
+    assert [c.backend for c in mtp if c.profile == "eos"] == ["default"]
+    others = sorted(g for g in e2e.GROUPS if g != "mtp")
+    assert not any(c.name.startswith("mtp-") for c in e2e.select_cases(None, groups=others))
+    for c in mtp:
+        kw = e2e.engine_kwargs(c, tmp_path)
+        assert (kw["model_path"], kw["speculative_draft_model_path"]) == (str(tmp_path / "mimov2"),
+                                                                          str(tmp_path / "mimov2-mtp"))
+        assert kw["speculative_algorithm"] == "EAGLE" and kw["trust_remote_code"] is True
+        assert (kw["speculative_num_steps"], kw["speculative_eagle_topk"], kw["speculative_num_draft_tokens"]) == (3, 1, 4)
+        assert kw["disable_cuda_graph"] is (not c.cuda_graph)
+        if c.backend == "default":  # SGLang's own choices: no backend, no piecewise CUDA graph switch
+            assert "attention_backend" not in kw and "disable_piecewise_cuda_graph" not in kw
+        else:
+            assert kw["attention_backend"] == c.backend and kw["disable_piecewise_cuda_graph"] is (not c.pcg)
+    # the directories the kwargs name are the ones the model factory writes
+    sys.path.insert(0, str(SCRIPTS))
+    from make_tiny_models import MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME
+
+    assert e2e.MODEL_DIRS["EAGLE"] == (MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME)
+
