@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Write a tiny Llama target, a correlated STANDALONE draft and an EAGLE3 draft as real
-checkpoints, plus an offline word-level tokenizer for the target.
+"""Write a tiny Llama target, a correlated STANDALONE draft, an EAGLE3 draft, and a tiny MiMoV2
+target with its multi-layer MTP draft as real checkpoints, plus offline word-level tokenizers for
+the two targets.
 
 Offline model factory for the GPU tests. Every model directory holds ``config.json`` +
 ``model.safetensors`` generated from a fixed seed, so every machine builds bit-identical
@@ -23,10 +24,57 @@ The draft reuses the target's embedding, final norm, lm_head and first layers, a
 target's later layers are scaled down, so draft and target agree often but not always:
 speculative decoding then sees both accepted and rejected draft tokens.
 
+Multi-layer EAGLE (MTP): SGLang 0.5.12.post1 runs ``MultiLayerEagleWorkerV2`` for MiMoV2 (and
+Step3p5) targets with ``--speculative-algorithm EAGLE``; ``ServerArgs`` switches
+``enable_multi_layer_eagle`` on by itself for ``MiMoV2ForCausalLM``. MiMoV2 allows a dense model
+(no ``moe_layer_freq``: every layer a plain MLP), so the family is MiMoV2:
+
+* ``mimov2/``: ``MiMoV2ForCausalLM`` (model type ``mimo_v2``), 4 layers, hidden 256, MLP 512,
+  4 query heads / 2 KV heads of 64, vocabulary 4096 (a tokenizer as the Llama target's, ids
+  0..2 pad/bos/eos), bf16, ``hybrid_layer_pattern`` [1, 0, 1, 0] (layers 0 and 2 sliding-window,
+  window 128; 1 and 3 full attention), RoPE theta 10000 on the full head, no attention sinks, no
+  value scale, ``n_routed_experts`` 1 (read by the loader's expert name map; 1 is not MoE);
+* ``mimov2-mtp/``: the same ``config.json`` plus ``num_nextn_predict_layers`` 3, and tensors
+  ``model.mtp.layers.<k>.*`` for k = 0..2 (``enorm``, ``hnorm``, ``eh_proj``, one decoder
+  block, ``final_layernorm``) plus the embedding and lm_head. SGLang's ``ModelConfig`` turns
+  the draft's architecture into ``MiMoV2MTP`` and its loader gives draft step ``k`` the tensors
+  of MTP layer ``k`` (so ``--speculative-num-steps`` <= 3). Each MTP layer is the target's
+  layer 0 behind an ``eh_proj`` that passes the next token's embedding through and mixes in a
+  little of the target's hidden state: on CPU each layer names the target's next token about
+  45% of the time (``tests/test_tiny_models_mtp.py`` measures it with SGLang's own modules).
+  The target's linear layers use std 0.08 (0.05 at twice the width for the Llama pair), so a
+  token 200 positions back changes as many later predictions as in the Llama target.
+
+Why hybrid sliding-window attention: SGLang treats every MiMoV2 model as hybrid SWA (separate
+SWA and full KV pools; the MTP layers are SWA layers), so a MiMoV2 without SWA layers does not
+exist for it; the window of 128 is shorter than most e2e prompts (up to 1800 tokens), so it
+matters, and SGLang may drop out-of-window KV from the SWA pool. Sliding-window and full layers have the same head shapes, which SGLang's Triton and
+FA3 backends both run (Triton needs a second buffer only when the value widths differ), and no
+attention sinks. transformers 5.6 has no ``mimo_v2`` model type, so each directory carries
+``configuration_mimo_v2.py`` (named in ``auto_map``), as the published MiMo-V2 checkpoints do,
+and the Engine needs ``trust_remote_code=True``.
+
+On the GPU box: TP 1 (TP 2 also fits: 2 KV heads; no fused-qkv layout, so SGLang imposes no
+attention-TP size); FA3 staged for the ``default`` and ``fa3`` cases (on Hopper SGLang picks
+FA3 for this model by itself; Triton needs nothing); hybrid SWA memory on (SGLang's default).
+Engine kwargs of the e2e cases (``gpu_e2e.py --group mtp``; ``default``: no attention backend
+and no piecewise-CUDA-graph switch)::
+
+    sglang.Engine(model_path=".../mimov2", speculative_draft_model_path=".../mimov2-mtp",
+                  speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
+                  speculative_num_draft_tokens=4, trust_remote_code=True,
+                  attention_backend="triton",            # or "fa3", or not given (default)
+                  disable_piecewise_cuda_graph=True,     # or False; not given with default
+                  disable_cuda_graph=False, cuda_graph_max_bs=64,  # CUDA graph off: True, no max bs
+                  piecewise_cuda_graph_max_tokens=512,   # with piecewise CUDA graph on (and default)
+                  sampling_backend="pytorch", grammar_backend="none", skip_tokenizer_init=True,
+                  mem_fraction_static=0.06, chunked_prefill_size=512, max_running_requests=56,
+                  max_total_tokens=65536, random_seed=0, log_level="info")
+
 Usage::
 
-    python3 scripts/make_tiny_models.py --out /tmp/models          # -> /tmp/models/{target,draft}
-    python3 scripts/make_tiny_models.py --out /tmp/models --check  # + verify names/shapes (+ HF greedy probe)
+    python3 scripts/make_tiny_models.py --out /tmp/models   # -> /tmp/models/{target,draft,eagle3,mimov2,mimov2-mtp}
+    python3 scripts/make_tiny_models.py --out /tmp/models --check  # + verify names/shapes + greedy probes
 """
 
 from __future__ import annotations
@@ -646,7 +694,8 @@ def mtp_greedy_probe(target: Path, mtp: Path, prompts: int = 4, new_tokens: int 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="output directory; gets target/, draft/ and eagle3/")
+    p.add_argument("--out", type=Path, required=True,
+                   help="output directory; gets target/, draft/, eagle3/, mimov2/ and mimov2-mtp/")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--target-layers", type=int, default=4)
     p.add_argument("--draft-layers", type=int, default=2)
@@ -684,15 +733,19 @@ def main(argv: list[str] | None = None) -> int:
         vocab_size=args.vocab_size,
         max_position_embeddings=args.max_position_embeddings,
     )
-    print(f"wrote {tdir}, {ddir} and {args.out / EAGLE3_DIRNAME}")
+    mtp_dirs = (args.out / MIMOV2_DIRNAME, args.out / MIMOV2_MTP_DIRNAME)
+    print(f"wrote {tdir}, {ddir}, {args.out / EAGLE3_DIRNAME}, {mtp_dirs[0]} and {mtp_dirs[1]}")
     if not args.check:
         return 0
-    problems = check_model_dir(tdir) + check_model_dir(ddir) + check_model_dir(args.out / EAGLE3_DIRNAME)
+    problems = [p for d in (tdir, ddir, args.out / EAGLE3_DIRNAME, *mtp_dirs) for p in check_model_dir(d)]
     for p in problems:
         print("PROBLEM:", p)
     if problems:
         return 1
     print("tensor names/shapes/dtypes OK")
+    mtp = mtp_greedy_probe(*mtp_dirs)
+    print(f"MiMoV2 greedy probe (plain torch): distinct tokens per output {mtp['distinct_per_output']}, "
+          f"MTP layer / target agreement {[round(a, 2) for a in mtp['mtp_agreement']]}")
     try:
         import transformers  # noqa: F401
     except ImportError:

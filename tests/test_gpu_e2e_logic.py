@@ -839,4 +839,3 @@ def test_mtp_cases_run_the_mimov2_pair_on_every_backend_with_and_without_cuda_gr
     from make_tiny_models import MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME
 
     assert e2e.MODEL_DIRS["EAGLE"] == (MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME)
-

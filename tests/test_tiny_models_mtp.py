@@ -1,0 +1,278 @@
+"""The tiny MiMoV2 target and its MTP draft (``scripts/make_tiny_models.py``), checked on a CPU
+host against SGLang 0.5.12.post1's own code, for the multi-layer EAGLE e2e cases.
+
+* the factory: bit-identical on every build, names/shapes/dtypes as SGLang's loaders expect;
+* SGLang's ``ServerArgs`` takes the e2e launch of every ``mtp-*`` case: multi-layer EAGLE is
+  switched on, spec v2 picks ``MultiLayerEagleWorkerV2``, the draft config resolves to
+  ``MiMoV2MTP``, the model is hybrid sliding-window, FA3 is SGLang's choice on Hopper;
+* SGLang's loader (``get_model``, the draft-step filter included) on a single-rank gloo group
+  fills every parameter of ``MiMoV2ForCausalLM`` and of the three ``MiMoV2MTP`` drafts with the
+  checkpoint's values, and uses every checkpoint tensor;
+* SGLang's own modules run the forward pass on CPU with a plain-torch stand-in for the GPU
+  attention kernels (the one piece that cannot run here): they agree with the factory's
+  plain-torch reference, greedy output varies with the prompt, and each MTP layer names the
+  target's next token often but not always (speculative decoding sees accepted and rejected
+  drafts). The real attention kernels, KV pools and CUDA graphs run on the GPU only
+  (``bash scripts/gpu/run_e2e.sh --group mtp``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import gpu_e2e as e2e  # noqa: E402
+import gpu_engine as ge  # noqa: E402
+import make_tiny_models as mtm  # noqa: E402
+
+#: SGLang fuses these checkpoint tensors into one parameter, in this order.
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+MTP_OWN = ("enorm", "hnorm", "eh_proj", "final_layernorm")
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return ge.build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+
+
+def _checkpoint(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "model.safetensors"))
+
+
+# ----------------------------------------------------------------------------- the factory
+
+
+def test_factory_builds_the_mimov2_pair_bit_identically(models: dict[str, Path], tmp_path: Path) -> None:
+    assert {"target", "draft", "eagle3", "mimov2", "mimov2-mtp"} <= set(models)
+    again = mtm.make_mimov2_models(tmp_path)
+    for built, rebuilt in zip((models["mimov2"], models["mimov2-mtp"]), again):
+        for name in ("config.json", "model.safetensors", f"{mtm.MIMOV2_CONFIG_MODULE}.py"):
+            assert (built / name).read_bytes() == (rebuilt / name).read_bytes(), (built.name, name)
+        assert mtm.check_model_dir(built) == []
+    assert (models["mimov2"] / "tokenizer.json").exists()
+    tcfg, dcfg = (ge.model_config(models[k]) for k in ("mimov2", "mimov2-mtp"))
+    assert "moe_layer_freq" not in tcfg and {0, 1} == set(tcfg["hybrid_layer_pattern"])  # dense, hybrid SWA
+    assert dcfg["num_nextn_predict_layers"] >= ge.SPEC_STEPS["speculative_num_steps"]
+    assert (tcfg["vocab_size"], ge.eos_token_ids(models["mimov2"])) == (4096, [2])  # as the Llama target's
+    target, draft = _checkpoint(models["mimov2"]), _checkpoint(models["mimov2-mtp"])
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        assert torch.equal(target[name], draft[name])
+
+
+# ----------------------------------------------------------------------------- SGLang's view
+
+
+def _server_args(case: e2e.Case, models: dict[str, Path]) -> Any:
+    """SGLang's ``ServerArgs`` of an e2e case's Engine kwargs, on the CPU device (its
+    post-init writes a few ``SGLANG_*`` variables into the environment: put back)."""
+    from sglang.srt.server_args import ServerArgs
+
+    saved = dict(os.environ)
+    try:
+        return ServerArgs(**e2e.engine_kwargs(case, models["mimov2"].parent), device="cpu")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def sglang_cpu(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """SGLang's model-parallel state on a single-rank gloo group, the global server args of the
+    proposed launch (Triton, CUDA graph off), and SGLang's loader for the two model dirs."""
+    import sglang.srt.layers.dp_attention as dp_attention
+    import sglang.srt.layers.rotary_embedding.base as rope_base
+    import sglang.srt.server_args as sa_mod
+    from sglang.srt.configs.device_config import DeviceConfig
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed import (destroy_distributed_environment, destroy_model_parallel,
+                                        init_distributed_environment, initialize_model_parallel)
+    from sglang.srt.model_loader import get_model
+
+    case = next(c for c in e2e.multilayer_cases() if c.name == "mtp-triton-nograph-nopcg")
+    server_args = _server_args(case, models)
+    store = tmp_path_factory.mktemp("gloo") / "store"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sa_mod, "_global_server_args", server_args)
+        # RotaryEmbedding wants a native kernel on a host that is neither CUDA nor SGLang's CPU
+        # engine; the CPU engine's choice is the plain-torch forward.
+        mp.setattr(rope_base, "_is_cpu", True)
+        # initialize_dp_attention sets these; put them back afterwards
+        for name in ("_ATTN_DP_RANK", "_ATTN_DP_SIZE", "_LOCAL_ATTN_DP_SIZE", "_LOCAL_ATTN_DP_RANK",
+                     "_ENABLE_DP_ATTENTION_FLAG"):
+            mp.setattr(dp_attention, name, getattr(dp_attention, name))
+        for name in ("_hidden_size", "_dtype", "_device"):
+            mp.setattr(dp_attention._DpGatheredBufferWrapper, name,
+                       getattr(dp_attention._DpGatheredBufferWrapper, name, None), raising=False)
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"file://{store}")
+        try:
+            initialize_model_parallel(1)
+            target_config = ModelConfig.from_server_args(server_args)
+            dp_attention.initialize_dp_attention(server_args, target_config)
+
+            def load(path: Path, draft_step: int | None = None) -> torch.nn.Module:
+                config = ModelConfig.from_server_args(server_args, model_path=str(path),
+                                                      is_draft_model=draft_step is not None)
+                return get_model(model_config=config, device_config=DeviceConfig("cpu"),
+                                 load_config=LoadConfig(load_format=server_args.load_format,
+                                                        draft_model_idx=draft_step))
+
+            steps = server_args.speculative_num_steps
+            yield SimpleNamespace(server_args=server_args, target=load(models["mimov2"]),
+                                  drafts=[load(models["mimov2-mtp"], k) for k in range(steps)])
+        finally:
+            destroy_model_parallel()
+            destroy_distributed_environment()
+
+
+def test_server_args_take_every_mtp_launch(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    import sglang.srt.server_args as sa_mod
+    from sglang.srt.configs.model_config import ModelConfig, get_mimo_v2_fused_qkv_expected_tp_size
+    from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    for case in e2e.multilayer_cases():
+        sa = _server_args(case, models)
+        assert sa.enable_multi_layer_eagle, case.name  # SGLang turns it on for MiMoV2 + EAGLE
+        assert not sa.disable_overlap_schedule and (sa.speculative_num_steps, sa.speculative_eagle_topk,
+                                                    sa.speculative_num_draft_tokens) == (3, 1, 4)
+        assert SpeculativeAlgorithm.from_string(sa.speculative_algorithm).create_worker(sa) is MultiLayerEagleWorkerV2
+        assert sa.disable_piecewise_cuda_graph is not case.pcg, case.name
+        target = ModelConfig.from_server_args(sa)
+        draft = ModelConfig.from_server_args(sa, model_path=sa.speculative_draft_model_path, is_draft_model=True)
+        assert target.hf_config.architectures == ["MiMoV2ForCausalLM"], case.name
+        assert draft.hf_config.architectures == ["MiMoV2MTP"], case.name  # SGLang's draft override
+    assert (target.is_hybrid_swa, target.swa_attention_layer_ids, target.full_attention_layer_ids) == (True, [0, 2], [1, 3])
+    assert (draft.is_hybrid_swa, draft.swa_attention_layer_ids, draft.full_attention_layer_ids) == (True, [0], [])
+    assert target.sliding_window_size == draft.sliding_window_size == 128
+    assert not target.is_multimodal and not target.has_attention_sinks
+    assert get_mimo_v2_fused_qkv_expected_tp_size(target.hf_config) is None  # no TP size is imposed
+    # On Hopper SGLang picks FA3 itself for this model (MHA, topk 1): the mtp-default cases.
+    monkeypatch.setattr(sa_mod, "is_hopper_with_cuda_12_3", lambda: True)
+    assert sa._get_default_attn_backend(use_mla_backend=False, model_config=target) == "fa3"
+
+
+def _expected(checkpoint: dict[str, torch.Tensor], source_of: dict[str, str]) -> dict[str, tuple[torch.Tensor, list[str]]]:
+    """Parameter -> (the value the checkpoint gives it, the checkpoint tensors it comes from).
+    ``source_of`` maps a parameter name to its unfused checkpoint name."""
+    out = {}
+    for param, src in source_of.items():
+        fused = next((f for f in FUSED if f".{f}." in src), None)
+        names = [src.replace(f".{fused}.", f".{part}.") for part in FUSED[fused]] if fused else [src]
+        out[param] = (torch.cat([checkpoint[n] for n in names]), names)
+    return out
+
+
+def _assert_loaded(model: torch.nn.Module, expected: dict[str, tuple[torch.Tensor, list[str]]]) -> set[str]:
+    params = dict(model.named_parameters())
+    assert set(params) == set(expected)
+    for name, (value, _) in expected.items():
+        assert params[name].dtype == torch.bfloat16 and torch.equal(params[name].detach(), value), name
+    # the only buffers are the rotary tables SGLang computes itself
+    assert all(n.endswith("rotary_emb.cos_sin_cache") for n, _ in model.named_buffers())
+    return {n for _, names in expected.values() for n in names}
+
+
+def test_sglang_loads_every_tensor_into_every_parameter(sglang_cpu: SimpleNamespace, models: dict[str, Path]) -> None:
+    target = _checkpoint(models["mimov2"])
+    used = _assert_loaded(sglang_cpu.target, _expected(target, {n: n for n, _ in sglang_cpu.target.named_parameters()}))
+    assert used == set(target)
+
+    draft = _checkpoint(models["mimov2-mtp"])
+    used = set()
+    for step, model in enumerate(sglang_cpu.drafts):
+        assert type(model).__name__ == "MiMoV2MTP"
+        layer = f"model.mtp.layers.{step}."
+        source_of = {}
+        for name, _ in model.named_parameters():
+            own = next((o for o in MTP_OWN if name == f"model.{o}.weight"), None)
+            source_of[name] = (layer + f"{own}.weight" if own
+                               else name.replace("model.mtp_block.", layer) if name.startswith("model.mtp_block.")
+                               else name)
+        used |= _assert_loaded(model, _expected(draft, source_of))
+    assert used == set(draft)  # every MTP layer went to its own draft step
+
+
+# ----------------------------------------------------------------------------- forward pass
+
+
+class StandInAttention:
+    """Causal attention over one sequence in plain torch, in place of the GPU attention backends
+    (sliding-window layers see their last ``sliding_window_size`` keys, as SGLang's Triton
+    backend does). Everything around it is SGLang's own module code."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, forward_batch: Any,
+                save_kv_cache: bool = True, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        assert sinks is None  # the tiny model has no attention sinks
+        n, hq, hk = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num
+        q = q.view(n, hq, -1).float()
+        k = k.view(n, hk, -1).float().repeat_interleave(hq // hk, dim=1)
+        v = v.view(n, hk, -1).float().repeat_interleave(hq // hk, dim=1)
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        allowed = j <= i
+        if layer.sliding_window_size and layer.sliding_window_size > 0:
+            allowed &= i - j < layer.sliding_window_size
+        scores = torch.einsum("qhd,khd->hqk", q, k) * layer.scaling
+        out = torch.einsum("hqk,khd->qhd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), v)
+        return out.reshape(n, -1).to(torch.bfloat16)
+
+
+def _sglang_logits(model: torch.nn.Module, ids: list[int], target_hidden: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and final hidden states of SGLang's model over one prefilled sequence."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch = SimpleNamespace(input_ids=torch.tensor(ids), forward_mode=ForwardMode.EXTEND, attn_backend=StandInAttention(),
+                            can_run_tbo=False, return_hidden_states_before_norm=False, attn_cp_metadata=None)
+    if target_hidden is not None:
+        batch.spec_info = SimpleNamespace(hidden_states=target_hidden)
+    with torch.no_grad():
+        hidden, _ = model.model(batch.input_ids, torch.arange(len(ids)), batch)
+    return hidden.float() @ model.lm_head.weight.float().T, hidden
+
+
+def _assert_close(sglang: torch.Tensor, reference: torch.Tensor) -> None:
+    """SGLang's bf16 logits against the fp32 reference: close, and mostly the same argmax."""
+    assert (sglang - reference).abs().max() <= 0.05 * reference.abs().max()
+    assert (sglang.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.9
+
+
+def test_sglang_forward_matches_the_reference_and_the_mtp_layers_agree_in_part(
+        sglang_cpu: SimpleNamespace, models: dict[str, Path]) -> None:
+    probe = mtm.mtp_greedy_probe(models["mimov2"], models["mimov2-mtp"])
+    outputs = probe["outputs"]
+    assert min(probe["distinct_per_output"]) >= 36 and len({tuple(o) for o in outputs}) == len(outputs)
+    tcfg, tw = mtm._load_fp32(models["mimov2"])
+    dcfg, dw = mtm._load_fp32(models["mimov2-mtp"])
+    agree = [0] * len(sglang_cpu.drafts)
+    total = 0
+    for out in outputs:
+        ids = list(range(3, 3 + 7 * 37, 7)) + out  # a fixed prompt, then a continuation of the target's
+        logits, hidden = _sglang_logits(sglang_cpu.target, ids)
+        ref_logits, ref_hidden = mtm.mimov2_reference(tcfg, tw, ids)
+        _assert_close(logits, ref_logits)
+        predicted = logits.argmax(-1)
+        total += len(ids) - 40
+        for step, draft in enumerate(sglang_cpu.drafts):
+            # step k at position p reads token p + k + 1 and the target's hidden state at p and
+            # guesses the target's prediction at p + k + 1
+            shifted = ids[step + 1:]
+            mtp_logits, _ = _sglang_logits(draft, shifted, hidden[: len(shifted)])
+            ref_mtp = mtm.mtp_reference(dcfg, dw, step, shifted, ref_hidden[: len(shifted)])
+            _assert_close(mtp_logits, ref_mtp)
+            guess = mtp_logits.argmax(-1)
+            agree[step] += int((guess[40 - step - 1: len(ids) - step - 1] == predicted[40:]).sum())
+    rates = [a / total for a in agree]
+    assert all(0.2 <= r <= 0.8 for r in rates), rates
