@@ -587,7 +587,8 @@ def hf_greedy_probe(target: Path, draft: Path, prompts: int = 4, new_tokens: int
     return {"distinct_per_output": distinct, "draft_agreement": agree / max(total, 1), "outputs": outputs}
 
 
-def _load_fp32(directory: Path) -> tuple[dict[str, Any], dict[str, "torch.Tensor"]]:  # noqa: F821
+def load_fp32(directory: Path) -> tuple[dict[str, Any], dict[str, "torch.Tensor"]]:  # noqa: F821
+    """A model directory's config and its tensors in fp32."""
     from safetensors.torch import load_file
 
     config = json.loads((directory / "config.json").read_text())
@@ -663,8 +664,8 @@ def mtp_greedy_probe(target: Path, mtp: Path, prompts: int = 4, new_tokens: int 
     (what multi-layer EAGLE's step ``k`` drafts). Reports output variety and per-layer agreement."""
     import torch
 
-    tcfg, tw = _load_fp32(target)
-    dcfg, dw = _load_fp32(mtp)
+    tcfg, tw = load_fp32(target)
+    dcfg, dw = load_fp32(mtp)
     gen = torch.Generator().manual_seed(7)
     distinct: list[int] = []
     outputs: list[list[int]] = []

@@ -254,8 +254,8 @@ def test_sglang_forward_matches_the_reference_and_the_mtp_layers_agree_in_part(
     probe = mtm.mtp_greedy_probe(models["mimov2"], models["mimov2-mtp"])
     outputs = probe["outputs"]
     assert min(probe["distinct_per_output"]) >= 36 and len({tuple(o) for o in outputs}) == len(outputs)
-    tcfg, tw = mtm._load_fp32(models["mimov2"])
-    dcfg, dw = mtm._load_fp32(models["mimov2-mtp"])
+    tcfg, tw = mtm.load_fp32(models["mimov2"])
+    dcfg, dw = mtm.load_fp32(models["mimov2-mtp"])
     agree = [0] * len(sglang_cpu.drafts)
     total = 0
     for out in outputs:
