@@ -259,7 +259,8 @@ def test_sglang_forward_matches_the_reference_and_the_mtp_layers_agree_in_part(
     agree = [0] * len(sglang_cpu.drafts)
     total = 0
     for out in outputs:
-        ids = list(range(3, 3 + 7 * 37, 7)) + out  # a fixed prompt, then a continuation of the target's
+        # a fixed prompt longer than the sliding window, then a continuation of the target's
+        ids = list(range(3, 3 + 7 * 160, 7)) + out
         logits, hidden = _sglang_logits(sglang_cpu.target, ids)
         ref_logits, ref_hidden = mtm.mimov2_reference(tcfg, tw, ids)
         _assert_close(logits, ref_logits)
