@@ -141,10 +141,12 @@ class Setup:
 def write_launcher(bin_dir: Path) -> Path:
     """``sglang`` for ``popen_launch_server`` (it runs ``sglang serve``): the console script
     with this interpreter. The offline bundle's own has another machine's interpreter in its
-    first line, and is not on PATH."""
+    first line, and is not on PATH. Guarded like pip's: SGLang's spawned processes run this
+    file again as ``__mp_main__``."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     path = bin_dir / "sglang"
-    path.write_text(f"#!{sys.executable}\nimport sys\n\nfrom sglang.cli.main import main\n\nsys.exit(main())\n")
+    path.write_text(f"#!{sys.executable}\nimport sys\n\nfrom sglang.cli.main import main\n\n"
+                    "if __name__ == \"__main__\":\n    sys.exit(main())\n")
     path.chmod(0o755)
     return path
 

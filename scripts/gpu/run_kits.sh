@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# SGLang's own regression test kits (sglang.test.kits on sglang.test.server_fixtures), as one
+# command: install the plugin, build the tiny models, then scripts/gpu_kits.py runs every kit
+# that applies to them on three flavours -- stock SGLang (SGLANG_FUTUREMAP_PATCH=off), the
+# plugin (strict) and the pristine sglang package with patches/ applied (plugin off) -- each
+# server with SGLANG_SPEC_NAN_DETECTION=1 and SGLANG_SPEC_OOB_DETECTION=1, and checks that every
+# test passing on stock passes on the other two.
+#
+#   bash scripts/gpu/run_kits.sh --fit                    # once: fit the thresholds on stock (~2-3 min)
+#   bash scripts/gpu/run_kits.sh --budget 480             # all kit cases x 3 flavours (~5-8 min on one H100)
+#   bash scripts/gpu/run_kits.sh --kits 'spec-*' json --flavours stock,tree
+#   python3 scripts/gpu_kits.py --list                    # the kit cases, and what is not applicable and why
+#
+# Device calls (each at most 600 s; FA3 is used where it imports, else Triton -- to run the
+# kits on SGLang's Hopper default, stage FA3 first as in run_e2e.sh's header):
+#   1. carry [".gpu"]: bash scripts/gpu/run_kits.sh --fit
+#      then commit $OUT/kits-thresholds.json as tests/gpu/kits/thresholds.json
+#   2. carry [".gpu"]: bash scripts/gpu/run_kits.sh --budget 480
+#      (or both in one call, the fitted file read from OUT:
+#       bash scripts/gpu/run_kits.sh --fit && bash scripts/gpu/run_kits.sh --thresholds "$OUT/kits-thresholds.json" --budget 300)
+#
+# Arguments go to gpu_kits.py (see its --help). Results under ${OUT:-./gpu-out}: setup.log,
+# kits-<tag>.json, kits-<tag>.md, logs-<tag>.tar.gz (tag: run or fit), kits-thresholds.json
+# (--fit). Make the Markdown record on your machine:
+#   python3 scripts/gpu_kits.py --merge path/to/kits-run.json > results/gpu-kits/README.md
+#
+# Environment knobs: OUT; KITS_SITE (pip --target when .gpu/activate.sh is used, default
+# /tmp/site312); KITS_SKIP_INSTALL=1 (the plugin is installed already).
+set -uo pipefail
+
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_enter_repo
+
+gpu_use_bundle "${KITS_SITE:-/tmp/site312}"
+MODELS="$(mktemp -d -t kits-models-XXXXXX)"
+trap 'rm -rf "$MODELS"' EXIT
+{
+    echo "== python: $(python3 -V 2>&1)"
+    gpu_install_plugin "${KITS_SKIP_INSTALL:-0}" || PLUGIN_MISSING=1
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    gpu_fa3_status
+    python3 scripts/make_tiny_models.py --out "$MODELS"
+} > "$OUT/setup.log" 2>&1 || { echo "setup FAILED"; cat "$OUT/setup.log"; exit 2; }
+gpu_require_plugin "$OUT/setup.log"
+grep -E '^FA3: ' "$OUT/setup.log"
+
+python3 scripts/gpu_kits.py --models "$MODELS" --out "$OUT" "$@"
