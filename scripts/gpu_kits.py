@@ -102,6 +102,18 @@ def parse_flavours(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def shard(cases: Sequence[kc.KitCase], spec: str | None) -> list[kc.KitCase]:
+    if not spec:
+        return list(cases)
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+        if not 1 <= i <= n:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--shard {spec!r}: give I/N with 1 <= I <= N") from None
+    return list(cases)[i - 1::n]
+
+
 def list_text() -> str:
     lines = ["kit cases (one server each):"]
     for c in kc.KIT_CASES:
@@ -133,6 +145,7 @@ class Setup:
     variants: dict[str, ge.Variant]
     stand_in: dict[str, bool] = field(default_factory=dict)  # flavour -> datasets stand-in on the path
     preflight: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # flavour -> why it cannot run at all
 
     def draft(self, case: kc.KitCase) -> str:
         return str(self.models["eagle3" if case.algorithm == "EAGLE3" else "draft"])
@@ -170,13 +183,20 @@ def prepare(args: argparse.Namespace, flavours: Sequence[str], work: Path) -> Se
     data_dir = work / "data"
     kc.write_kits_data(data_dir, str(kits_model), vocab)
     variants: dict[str, ge.Variant] = {}
+    errors: dict[str, str] = {}
     for flavour in flavours:
-        tree = str(ge.build_tree_site(work / "tree")) if flavour == "tree" else None
+        tree = None
+        if flavour == "tree":
+            tree = str(work / "tree" / "python")
+            try:
+                ge.build_tree_site(work / "tree")
+            except Exception as exc:  # the other flavours still run; the tree's jobs say why not
+                errors[flavour] = f"cannot build the patched tree: {exc}"[:400]
         variants[flavour] = ge.make_variants([FLAVOURS[flavour]], tree=tree)[0]
     fa3 = ge.fa3_available()
     return Setup(work=work, models=models, kits_model=kits_model, data_dir=data_dir,
                  bin_dir=write_launcher(work / "bin").parent, log_config=ge.write_logging_config(work / "logging.json"),
-                 backend=choose_backend(args.attention_backend, fa3), fa3=fa3, variants=variants)
+                 backend=choose_backend(args.attention_backend, fa3), fa3=fa3, variants=variants, errors=errors)
 
 
 def flavour_env(setup: Setup, flavour: str, probe_dir: Path, *, case: kc.KitCase | None = None,
@@ -228,6 +248,8 @@ def preflight_modules(cases: Sequence[kc.KitCase]) -> list[str]:
 def run_preflight(setup: Setup, flavour: str, modules: Sequence[str], timeout: float = 300) -> dict[str, Any]:
     """Which SGLang a flavour's processes import, whether ``datasets`` is there (else the
     stand-in goes on the path) and which kit / fixture modules do not import."""
+    if flavour in setup.errors:
+        return {"error": setup.errors[flavour]}
     probe = setup.work / "probe-preflight" / flavour
     probe.mkdir(parents=True, exist_ok=True)
     env = flavour_env(setup, flavour, probe)
@@ -369,14 +391,14 @@ def run_job(job: Job, setup: Setup, ports: ge.PortAllocator, thresholds_doc: dic
 
 
 def run_jobs(jobs: Sequence[Job], setup: Setup, thresholds_doc: dict[str, Any], *, fit: bool, parallel: int,
-             timeout: float, budget: float | None, stagger: float, gpus: Sequence[str],
+             timeout: float, deadline: float | None, stagger: float, gpus: Sequence[str],
              on_result: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
     """Every job, ``parallel`` at a time, ``stagger`` seconds between server starts; none
-    starts with less than MIN_JOB_S of the ``budget`` left, and none outlives it."""
+    starts with less than MIN_JOB_S left before ``deadline`` (``time.monotonic``), and none
+    outlives it."""
     ports = ge.PortAllocator()
-    t0 = time.monotonic()
     lock = threading.Lock()
-    next_start = [t0]
+    next_start = [time.monotonic()]
     results: list[dict[str, Any]] = []
 
     def one(index: int, job: Job) -> dict[str, Any]:
@@ -384,9 +406,9 @@ def run_jobs(jobs: Sequence[Job], setup: Setup, thresholds_doc: dict[str, Any], 
             wait = max(0.0, next_start[0] - time.monotonic())
             next_start[0] = max(next_start[0], time.monotonic()) + stagger
         time.sleep(wait)
-        left = None if budget is None else budget - (time.monotonic() - t0)
+        left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left < MIN_JOB_S:
-            res = not_run(job, f"the run's budget of {budget:.0f} s was spent")
+            res = not_run(job, "the run's --budget was spent")
         else:
             try:
                 res = run_job(job, setup, ports, thresholds_doc, fit=fit, gpu=gpus[index % len(gpus)] if gpus else None,
@@ -435,7 +457,7 @@ def verdict(cases: Sequence[dict[str, Any]], flavours: Sequence[str]) -> dict[st
             if job and job.get("thresholds") and not job["thresholds"]["fitted"] and c["name"] not in unfitted:
                 unfitted.append(c["name"])
         stock = res.get("stock") or {}
-        for test in stock.get("tests", []):
+        for test in stock.get("tests", []) if stock.get("status") in ("passed", "failed") else ():
             if test["status"] in ("failed", "error"):
                 stock_failures.append(f"{c['name']}.{test['name']}")
             if test["status"] != "passed":
@@ -540,10 +562,10 @@ def merge_docs(docs: Sequence[dict[str, Any]]) -> str:
                          ("Incomplete", v["incomplete"])):
         if items:
             lines += ["", f"**{title}:**", ""] + [f"- {i}" for i in items]
-    bad = [(c, t["name"]) for c in cases for f in flavours for t in c["results"].get(f, {}).get("tests", [])
-           if t["status"] in ("failed", "error")]
+    bad = [(c, t["name"]) for c in cases for f in flavours if c["results"].get(f, {}).get("status") == "failed"
+           for t in c["results"][f]["tests"] if t["status"] in ("failed", "error")]
     if bad:
-        lines += ["", "Tests that did not pass:", "", "| kit case | test | " + " | ".join(flavours) + " | message |",
+        lines += ["", "Tests that did not pass (jobs that errored as a whole are under Incomplete):", "", "| kit case | test | " + " | ".join(flavours) + " | message |",
                   "|---|---|" + "---|" * len(flavours) + "---|"]
         for c, name in list(dict.fromkeys((c["name"], n) for c, n in bad)):
             row = merged[c]
@@ -611,11 +633,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="thresholds file to read (and, with --fit, write); default tests/gpu/kits/thresholds.json")
     p.add_argument("--models", type=Path, help="make_tiny_models.py output (default: build into the work folder)")
     p.add_argument("--attention-backend", choices=BACKENDS, default="auto", help="auto: fa3 where it imports, else triton")
-    p.add_argument("--jobs", type=int, default=10, help="servers at once (default 10)")
+    p.add_argument("--jobs", type=int, default=12, help="servers at once (default 12)")
     p.add_argument("--timeout", type=float, default=360, help="seconds per job (default 360)")
-    p.add_argument("--budget", type=float, help="seconds for all jobs: none starts later than this minus 90 s")
+    p.add_argument("--budget", type=float,
+                   help=f"seconds for this whole run: no job starts with less than {MIN_JOB_S} s of it left, "
+                        "none outlives it (the record says which did not run)")
+    p.add_argument("--shard", help="I/N: every N-th selected kit case from the I-th (split a run over device calls)")
     p.add_argument("--stagger", type=float, default=2.0, help="seconds between server starts (default 2)")
-    p.add_argument("--tag", help="file-name tag (default: run, or fit)")
+    p.add_argument("--tag", help="file-name tag (default: run or fit, and the shard: run-1of2)")
     p.add_argument("--work", type=Path, help="work folder, a new one (default: a fresh temporary folder)")
     p.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="print the Markdown record of these runs")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -640,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
             print(list_text())
             return 0
         flavours = ["stock"] if args.fit else parse_flavours(args.flavours)
-        cases = select_cases(args.kits)
+        cases = shard(select_cases(args.kits), args.shard)
         if args.fit:
             cases = [c for c in cases if c.thresholds]
             if not cases:
@@ -659,7 +684,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], cases: Sequence[kc.KitCas
     import gpu_e2e  # environment() and visible_gpus(): the e2e suite's, for the same record fields
 
     t0 = time.monotonic()
-    tag = args.tag or ("fit" if args.fit else "run")
+    tag = args.tag or ("fit" if args.fit else "run") + (f"-{args.shard.replace('/', 'of')}" if args.shard else "")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     # Outside --out: the models and the tree copy are no record.
@@ -694,7 +719,8 @@ def run(args: argparse.Namespace, argv: Sequence[str], cases: Sequence[kc.KitCas
             write_outputs(out, tag, record_of(results))
 
     results = run_jobs(jobs, setup, thresholds_doc, fit=args.fit, parallel=args.jobs, timeout=args.timeout,
-                       budget=args.budget, stagger=args.stagger, gpus=gpu_e2e.visible_gpus(), on_result=on_result)
+                       deadline=None if args.budget is None else t0 + args.budget, stagger=args.stagger,
+                       gpus=gpu_e2e.visible_gpus(), on_result=on_result)
     record = record_of(results)
     write_outputs(out, tag, record)
     with tarfile.open(out / f"logs-{tag}.tar.gz", "w:gz") as tar:

@@ -122,6 +122,10 @@ def test_select_cases_by_name_and_kit_module():
     with pytest.raises(gk.UsageError):
         gk.parse_flavours("stock,plugins")
     assert gk.parse_flavours("tree, stock,tree") == ["tree", "stock"]
+    assert [c.name for c in gk.shard(kc.KIT_CASES, "2/8")] == [kc.KIT_CASES[1].name, kc.KIT_CASES[9].name]
+    assert sum(len(gk.shard(kc.KIT_CASES, f"{i}/3")) for i in (1, 2, 3)) == len(kc.KIT_CASES)
+    with pytest.raises(gk.UsageError, match="I/N"):
+        gk.shard(kc.KIT_CASES, "3/2")
 
 
 # ----------------------------------------------------------------------------- fixtures
