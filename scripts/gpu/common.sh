@@ -62,3 +62,21 @@ gpu_fa3_status() {
         echo "FA3: not installed (no sgl_kernel.flash_ops): what needs it (backend fa3, or none given) is skipped"
     fi
 }
+
+# gpu_setup_models SKIP NAME: the setup a suite runs before its harness, logged to $OUT/setup.log:
+# pip install the plugin (unless SKIP is 1), the GPU, FA3 or not, and the tiny models in MODELS (a
+# temporary folder named after NAME, removed at exit). Stops the run (exit 2) when the setup fails
+# or the plugin is missing; prints the FA3 line.
+gpu_setup_models() {
+    MODELS="$(mktemp -d -t "$2-models-XXXXXX")"
+    trap 'rm -rf "$MODELS"' EXIT
+    {
+        echo "== python: $(python3 -V 2>&1)"
+        gpu_install_plugin "${1:-0}" || PLUGIN_MISSING=1
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+        gpu_fa3_status
+        python3 scripts/make_tiny_models.py --out "$MODELS"
+    } > "$OUT/setup.log" 2>&1 || { echo "setup FAILED"; cat "$OUT/setup.log"; exit 2; }
+    gpu_require_plugin "$OUT/setup.log"
+    grep -E '^FA3: ' "$OUT/setup.log"
+}

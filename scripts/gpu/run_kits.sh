@@ -35,16 +35,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 gpu_enter_repo
 
 gpu_use_bundle "${KITS_SITE:-/tmp/site312}"
-MODELS="$(mktemp -d -t kits-models-XXXXXX)"
-trap 'rm -rf "$MODELS"' EXIT
-{
-    echo "== python: $(python3 -V 2>&1)"
-    gpu_install_plugin "${KITS_SKIP_INSTALL:-0}" || PLUGIN_MISSING=1
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    gpu_fa3_status
-    python3 scripts/make_tiny_models.py --out "$MODELS"
-} > "$OUT/setup.log" 2>&1 || { echo "setup FAILED"; cat "$OUT/setup.log"; exit 2; }
-gpu_require_plugin "$OUT/setup.log"
-grep -E '^FA3: ' "$OUT/setup.log"
+gpu_setup_models "${KITS_SKIP_INSTALL:-0}" kits
 
 python3 scripts/gpu_kits.py --models "$MODELS" --out "$OUT" "$@"
