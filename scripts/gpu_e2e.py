@@ -29,10 +29,10 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
   default configuration), ``dp2-*`` (``dp_size=2``: two schedulers behind SGLang's DP
   controller, each patched; the ``tp2-*`` and ``dp2-*`` cases check one scheduler per GPU) and
   ``pd-decode-*`` (a PD-disaggregation decode Engine with SGLang's ``fake`` transfer backend,
-  EAGLE3, deterministic inference: a batch at once, then arrivals at concurrency 8 with a few
-  aborts; ``process_prebuilt`` seeds each new batch's spec-v2 state through the FutureMap
-  while the running batch's forward is in flight, and the probe counts the prebuilt batches
-  and their merges into the running batch in both runs);
+  EAGLE3 and multi-layer EAGLE (MTP), deterministic inference: a batch at once, then arrivals
+  at concurrency 8 with a few aborts; ``process_prebuilt`` seeds each new batch's spec-v2
+  state through the FutureMap while the running batch's forward is in flight, and the probe
+  counts the prebuilt batches and their merges into the running batch in both runs);
 * ``http``: ``python -m sglang.launch_server`` instead of ``sglang.Engine``, driven over HTTP:
   OpenAI ``/v1/completions`` (plain, streamed, with ``stop`` strings) and the native
   ``/generate`` with token ids and logprobs;
@@ -245,6 +245,9 @@ def deployment_cases() -> list[Case]:
     cases.append(Case("pd-decode-eagle3-triton", "EAGLE3", "triton", True, False, "pd", pd))
     cases.append(Case("pd-decode-eagle3-fa3", "EAGLE3", "fa3", True, False, "pd", pd))
     cases.append(Case("pd-decode-eagle3-fa3-nograph", "EAGLE3", "fa3", False, False, "pd", pd))
+    # Multi-layer EAGLE (MTP): process_prebuilt seeds one top-k state per draft step.
+    cases.append(Case("pd-decode-mtp-triton", "EAGLE", "triton", True, False, "pd",
+                      pd + (("trust_remote_code", True),)))
     return cases
 
 

@@ -694,14 +694,15 @@ def test_deployment_cases_tp2_default_dp2_and_pd_decode(tmp_path: Path) -> None:
     assert "tp2-default-standalone" in by and by["tp2-default-standalone"].needs_fa3
     assert all(by[n].gpus == 2 for n in by if n.startswith(("tp2-", "dp2-")))
     pd = [c for c in by.values() if c.pd_decode]
-    assert {c.name for c in pd} == {n for n in by if n.startswith("pd-")} and len(pd) == 3
-    assert {(c.backend, c.cuda_graph) for c in pd} == {("triton", True), ("fa3", True), ("fa3", False)}
+    assert {c.name for c in pd} == {n for n in by if n.startswith("pd-")} and len(pd) == 4
+    assert {(c.algorithm, c.backend, c.cuda_graph) for c in pd} == {
+        ("EAGLE3", "triton", True), ("EAGLE3", "fa3", True), ("EAGLE3", "fa3", False), ("EAGLE", "triton", True)}
     base = {c.name for c in e2e.select_cases(None, groups=["base"])}
     assert "tp2-default-standalone" not in base and not any(c.needs_fa3 for c in e2e.all_cases() if c.name in base)
     for c in pd:
         kw = e2e.engine_kwargs(c, tmp_path)
         assert (kw["disaggregation_mode"], kw["disaggregation_transfer_backend"]) == ("decode", "fake")
-        assert kw["enable_deterministic_inference"] is True and c.algorithm == "EAGLE3"
+        assert kw["enable_deterministic_inference"] is True and c.algorithm in ("EAGLE3", "EAGLE")
     dp = e2e.engine_kwargs(by["dp2-default-eagle3"], tmp_path)
     assert dp["dp_size"] == 2 and "attention_backend" not in dp and "disable_piecewise_cuda_graph" not in dp
 
@@ -713,7 +714,8 @@ def test_pd_decode_cases_rest_on_sglangs_own_behaviour() -> None:
     zeroed KV whatever ran before it)."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    assert SpeculativeAlgorithm.EAGLE3.is_eagle() and not SpeculativeAlgorithm.STANDALONE.is_eagle()
+    assert SpeculativeAlgorithm.EAGLE3.is_eagle() and SpeculativeAlgorithm.EAGLE.is_eagle()
+    assert not SpeculativeAlgorithm.STANDALONE.is_eagle()
     slack = 16  # draft tokens past the last accepted one, per request
     for c in (c for c in e2e.all_cases() if c.pd_decode):
         sc = e2e.scenarios(c.profile, 4096)
