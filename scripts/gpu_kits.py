@@ -598,13 +598,8 @@ def merge_docs(docs: Sequence[dict[str, Any]]) -> str:
 def merge_files(paths: Sequence[Path]) -> str:
     docs = []
     for path in paths:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise UsageError(f"--merge: no such file {path}") from None
-        except ValueError as exc:
-            raise UsageError(f"--merge: {path} is not JSON ({exc})") from None
-        if doc.get("kind") != "sglang-kits":
+        doc = kc.read_json_file(path, UsageError, "kits record")
+        if not isinstance(doc, dict) or doc.get("kind") != "sglang-kits":
             raise UsageError(f"--merge: {path} is not a kits record (gpu_kits.py writes kits-<tag>.json)")
         docs.append(doc)
     return merge_docs(docs)

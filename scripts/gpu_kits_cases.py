@@ -533,14 +533,19 @@ class ThresholdsError(ValueError):
     pass
 
 
+def read_json_file(path: Path, error: type[Exception], what: str) -> Any:
+    """A JSON file, or ``error`` with one line that says why not."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise error(f"no {what} at {path}") from None
+    except ValueError as exc:
+        raise error(f"{path} is not valid JSON ({exc})") from None
+
+
 def load_thresholds(path: Path) -> dict[str, Any]:
     """The thresholds file: ``{"fitted": bool, "note": str, "cases": {case: {attr: value}}, ...}``."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ThresholdsError(f"no thresholds file at {path}") from None
-    except ValueError as exc:
-        raise ThresholdsError(f"{path} is not valid JSON ({exc})") from None
+    doc = read_json_file(path, ThresholdsError, "thresholds file")
     if not isinstance(doc, dict) or not isinstance(doc.get("fitted"), bool) or not isinstance(doc.get("cases", {}), dict):
         raise ThresholdsError(f"{path} is not a kits thresholds file (needs 'fitted' and 'cases')")
     return doc

@@ -511,7 +511,7 @@ def test_merge_of_two_runs_and_bad_inputs(tmp_path):
     md = gk.merge_files([pb, pa])
     assert md.index("| spec-eagle3 |") < md.index("| sanity |")  # catalogue order, not file order
     assert "| outcome | **parity** |" in md and "| thresholds | fitted |" in md
-    with pytest.raises(gk.UsageError, match="no such file"):
+    with pytest.raises(gk.UsageError, match="no kits record at"):
         gk.merge_files([tmp_path / "none.json"])
     (tmp_path / "e2e.json").write_text(json.dumps({"cases": []}))
     with pytest.raises(gk.UsageError, match="not a kits record"):
@@ -526,7 +526,7 @@ def test_cli_usage_errors_are_one_line(capsys):
     listing = capsys.readouterr().out
     assert "pcg-spec" in listing and "reasoning_kit:" in listing and "tree (tree)" in listing
     for argv, text in ((["--kits", "nothing-*"], "matches no kit case"), (["--flavours", "plugins"], "choose from"),
-                       (["--fit", "--kits", "sanity"], "has thresholds"), (["--merge", "/nonexistent.json"], "no such file"),
+                       (["--fit", "--kits", "sanity"], "has thresholds"), (["--merge", "/nonexistent.json"], "no kits record at"),
                        (["--thresholds", "/nonexistent.json"], "no thresholds file"), (["--jobs", "0"], "positive")):
         assert gk.main(argv) == 2, argv
         err = capsys.readouterr().err
@@ -561,6 +561,10 @@ def test_run_kits_entry_point():
     script = ROOT / "scripts" / "gpu" / "run_kits.sh"
     text = script.read_text()
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    for needed in ("common.sh", "gpu_enter_repo", "gpu_use_bundle", "gpu_install_plugin", "gpu_require_plugin",
-                   "gpu_fa3_status", "scripts/gpu_kits.py", '--out "$OUT"', "bash scripts/gpu/run_kits.sh --fit"):
+    for needed in ("common.sh", "gpu_enter_repo", "gpu_use_bundle", "gpu_setup_models", "scripts/gpu_kits.py",
+                   '--models "$MODELS" --out "$OUT"', "bash scripts/gpu/run_kits.sh --fit"):
         assert needed in text, needed
+    common = (ROOT / "scripts" / "gpu" / "common.sh").read_text()
+    setup = common[common.index("gpu_setup_models() {"):]
+    for needed in ("gpu_install_plugin", "gpu_require_plugin", "gpu_fa3_status", "make_tiny_models.py"):
+        assert needed in setup, needed
