@@ -516,7 +516,8 @@ def build_test_class(case: KitCase, plan: ServerPlan, *, kits: Sequence[type] | 
 #: How a fitted threshold follows from the value measured on stock (kit attribute -> rule).
 FIT_RULES: dict[str, tuple[str, str]] = {
     "accept_length_thres": ("accept_length", "0.9 x the accept length measured on stock (greedy, batch 1)"),
-    "bs_1_speed_thres": ("speed", "0.5 x the batch-1 decode speed measured on stock (servers share the GPU)"),
+    "bs_1_speed_thres": ("speed", "0.3 x the batch-1 decode speed measured on stock (a full run shares the GPU "
+                                  "and the CPUs among 12 servers, a fit among 4)"),
     "kl_div_thres_prefill": ("kl_prefill", "max(3 x, + 0.001) the KL divergence measured on stock"),
     "kl_div_thres_decode": ("kl_decode", "max(3 x, + 0.001) the KL divergence measured on stock"),
 }
@@ -565,7 +566,7 @@ def fit_value(attr: str, measured: float) -> float:
     if attr == "accept_length_thres":
         return round(0.9 * measured, 3)
     if attr == "bs_1_speed_thres":
-        return round(0.5 * measured, 1)
+        return round(0.3 * measured, 1)
     if attr in ("kl_div_thres_prefill", "kl_div_thres_decode"):
         return round(max(3 * measured, measured + 0.001), 6)
     raise KeyError(attr)

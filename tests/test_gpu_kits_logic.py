@@ -351,6 +351,7 @@ def test_kits_data_is_what_the_kits_read(kits_model, tmp_path, monkeypatch, data
 def test_the_repo_thresholds_file_says_not_fitted_or_covers_every_case():
     doc = kc.load_thresholds(kc.THRESHOLDS_FILE)
     needs = {c.name: list(c.thresholds) for c in kc.KIT_CASES if c.thresholds}
+    assert doc["rules"] == {a: rule for a, (_, rule) in kc.FIT_RULES.items()}
     if not doc["fitted"]:
         assert "not fitted" in doc["note"] and not doc["cases"]
         assert doc["needs"] == needs
@@ -375,12 +376,12 @@ def test_fit_and_thresholds_roundtrip(tmp_path):
     assert m == {"accept_length": 2.5, "speed": 800.0, "kl_decode": 0.002, "kl_prefill": 0.0001}
     cases = [kc.CASES_BY_NAME[n] for n in ("spec-eagle3", "kl-divergence")]
     doc = kc.fitted_document({"spec-eagle3": m, "kl-divergence": m}, {"gpu": "H100"}, cases)
-    assert doc["cases"] == {"spec-eagle3": {"accept_length_thres": 2.25, "bs_1_speed_thres": 400.0},
+    assert doc["cases"] == {"spec-eagle3": {"accept_length_thres": 2.25, "bs_1_speed_thres": 240.0},
                             "kl-divergence": {"kl_div_thres_prefill": 0.0011, "kl_div_thres_decode": 0.006}}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
     loaded = kc.load_thresholds(path)
-    assert kc.case_thresholds(cases[0], loaded) == ({"accept_length_thres": 2.25, "bs_1_speed_thres": 400.0}, True)
+    assert kc.case_thresholds(cases[0], loaded) == ({"accept_length_thres": 2.25, "bs_1_speed_thres": 240.0}, True)
     assert kc.case_thresholds(kc.CASES_BY_NAME["pcg-spec"], loaded)[1] is False  # not in this fit
     with pytest.raises(kc.ThresholdsError, match="spec-standalone.accept_length"):
         kc.fitted_document({"spec-eagle3": m}, {}, [cases[0], kc.CASES_BY_NAME["spec-standalone"]])
