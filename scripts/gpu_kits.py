@@ -737,6 +737,13 @@ def write_fit(args: argparse.Namespace, out: Path, record: dict[str, Any], resul
     except kc.ThresholdsError as exc:
         print(f"gpu_kits.py: fit failed: {exc}", file=sys.stderr)
         return 1
+    try:  # a fit of some cases keeps the others' earlier fit
+        old = kc.load_thresholds(args.thresholds)
+    except kc.ThresholdsError:
+        old = {}
+    if old.get("fitted"):
+        for key in ("cases", "measured"):
+            doc[key] = {**(old.get(key) or {}), **doc[key]}
     text = json.dumps(doc, indent=2) + "\n"
     (out / "kits-thresholds.json").write_text(text)
     args.thresholds.write_text(text)

@@ -393,6 +393,24 @@ def test_fit_and_thresholds_roundtrip(tmp_path):
         kc.load_thresholds(path)
 
 
+def test_fit_writes_the_file_and_keeps_other_cases_fitted(tmp_path):
+    kl = kc.CASES_BY_NAME["kl-divergence"]
+    earlier = kc.fitted_document({"kl-divergence": {"kl_prefill": 0.001, "kl_decode": 0.002}}, {}, [kl])
+    repo_file = tmp_path / "thresholds.json"
+    repo_file.write_text(json.dumps(earlier))
+    args = argparse.Namespace(thresholds=repo_file)
+    record = {"cases": [{"name": "spec-eagle3"}], "environment": {"gpu": "H100", "backend": "fa3"}}
+    results = [{"case": "spec-eagle3", "flavour": "stock", "measured": {"accept_length": 3.0, "speed": 1000.0}}]
+    assert gk.write_fit(args, tmp_path, record, results) == 0
+    written = json.loads((tmp_path / "kits-thresholds.json").read_text())
+    assert written == json.loads(repo_file.read_text()) and written["fitted_on"]["backend"] == "fa3"
+    assert set(written["cases"]) == {"kl-divergence", "spec-eagle3"}
+    assert written["cases"]["spec-eagle3"] == {"accept_length_thres": 2.7, "bs_1_speed_thres": 300.0}
+    before = repo_file.read_text()
+    assert gk.write_fit(args, tmp_path, record, [dict(results[0], measured={})]) == 1  # nothing measured
+    assert repo_file.read_text() == before
+
+
 # ----------------------------------------------------------------------------- jobs, checks, record
 
 
