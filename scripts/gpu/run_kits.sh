@@ -7,8 +7,8 @@
 # test passing on stock passes on the other two.
 #
 #   bash scripts/gpu/run_kits.sh --fit                    # once: fit the thresholds on stock (~3 min)
-#   bash scripts/gpu/run_kits.sh --budget 540             # 16 kit cases x 3 flavours = 48 servers, 12 at a time
-#   bash scripts/gpu/run_kits.sh --shard 1/2 --budget 540 # half the kit cases (then --shard 2/2)
+#   bash scripts/gpu/run_kits.sh --budget 520             # 16 kit cases x 3 flavours = 48 servers, 12 at a time
+#   bash scripts/gpu/run_kits.sh --shard 1/2 --budget 520 # half the kit cases (then --shard 2/2)
 #   bash scripts/gpu/run_kits.sh --kits 'spec-*' json --flavours stock,tree
 #   python3 scripts/gpu_kits.py --list                    # the kit cases, and what is not applicable and why
 #
@@ -17,7 +17,7 @@
 # on SGLang's Hopper default, stage FA3 first as in run_e2e.sh's header.
 #   1. carry [".gpu"]: bash scripts/gpu/run_kits.sh --fit
 #      then commit $OUT/kits-thresholds.json as tests/gpu/kits/thresholds.json
-#   2. carry [".gpu"]: bash scripts/gpu/run_kits.sh --budget 540
+#   2. carry [".gpu"]: bash scripts/gpu/run_kits.sh --budget 520
 #      (estimated from the e2e suite's Engine start-ups, ~5-8 min on one H100; if it does not
 #      fit, --shard 1/2 and --shard 2/2 in two calls, and --merge both records)
 #
