@@ -93,7 +93,6 @@ import random
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -1340,14 +1339,6 @@ def environment(command: str, wall_s: float, fa3: bool | None = None) -> dict[st
     return info
 
 
-def _portable_args(argv: Sequence[str]) -> list[str]:
-    """The command line as recorded: this machine's folders replaced by their role."""
-    out, hide = [], {"--models": "MODELS", "--out": "OUT"}
-    for i, a in enumerate(argv):
-        out.append(hide[argv[i - 1]] if i and argv[i - 1] in hide else a)
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1389,8 +1380,8 @@ def main(argv: list[str] | None = None) -> int:
     fa3 = ge.fa3_available()
     print(ge.fa3_line(fa3), flush=True)
     tag = args.tag or "-".join([*(args.group or []), *([args.shard.replace("/", "of")] if args.shard else [])]) or "all"
-    command = "python3 scripts/gpu_e2e.py " + " ".join(
-        _portable_args(argv if argv is not None else sys.argv[1:]))
+    command = "python3 " + ge.portable_command("scripts/gpu_e2e.py", argv if argv is not None else sys.argv[1:],
+                                               {"--models": "MODELS", "--out": "OUT"})
     args.out.mkdir(parents=True, exist_ok=True)
 
     def write(results: Sequence[CaseResult], final: bool) -> str:
@@ -1412,9 +1403,7 @@ def main(argv: list[str] | None = None) -> int:
         results = run_cases(cases, models, work, jobs=args.jobs, timeout=args.timeout,
                             stagger_s=args.stagger, soak_requests=args.soak_requests,
                             gpu_ids=visible_gpus(args.gpus), fa3=fa3, on_result=lambda rs: write(rs, False))
-        with tarfile.open(args.out / f"logs-{tag}.tar.gz", "w:gz") as tar:
-            for log in sorted(work.glob("*.log")):
-                tar.add(log, arcname=log.name)
+        ge.archive_logs(work, args.out / f"logs-{tag}.tar.gz")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(write(results, True))

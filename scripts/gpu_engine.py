@@ -37,6 +37,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -373,6 +374,22 @@ def run_worker(script: Path, spec: dict[str, Any], work: Path, name: str, log_pa
     except ValueError:
         result = None
     return rc, wall, result, log_path.read_text(errors="replace")
+
+
+def portable_command(script: str, argv: Sequence[str], hide: dict[str, str]) -> str:
+    """A harness's command line as recorded: the folder after each option in ``hide`` replaced
+    by its role (``{"--out": "OUT"}``), so that no machine path lands in a record."""
+    out = [hide[argv[i - 1]] if i and argv[i - 1] in hide else a for i, a in enumerate(argv)]
+    return shlex.join([script, *out])
+
+
+def archive_logs(work: Path, path: Path) -> None:
+    """Every ``*.log`` of a run's work folder into the ``.tar.gz`` at ``path``."""
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for log in sorted(work.glob("*.log")):
+            tar.add(log, arcname=log.name)
 
 
 def log_tail(text: str, lines: int = 30, width: int = 400) -> str:

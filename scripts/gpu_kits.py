@@ -44,10 +44,8 @@ import argparse
 import fnmatch
 import json
 import os
-import shlex
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -607,9 +605,8 @@ def merge_files(paths: Sequence[Path]) -> str:
 
 def portable_command(argv: Sequence[str]) -> str:
     """The command line as recorded: this machine's folders replaced by their role."""
-    hide = {"--models": "MODELS", "--out": "OUT", "--thresholds": "THRESHOLDS", "--work": "WORK"}
-    out = [hide[argv[i - 1]] if i and argv[i - 1] in hide else a for i, a in enumerate(argv)]
-    return shlex.join(["scripts/gpu_kits.py", *out])
+    return ge.portable_command("scripts/gpu_kits.py", argv, {"--models": "MODELS", "--out": "OUT",
+                                                            "--thresholds": "THRESHOLDS", "--work": "WORK"})
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -718,9 +715,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], cases: Sequence[kc.KitCas
                        gpus=gpu_e2e.visible_gpus(), on_result=on_result)
     record = record_of(results)
     write_outputs(out, tag, record)
-    with tarfile.open(out / f"logs-{tag}.tar.gz", "w:gz") as tar:
-        for log in sorted(work.glob("*.log")):
-            tar.add(log, arcname=log.name)
+    ge.archive_logs(work, out / f"logs-{tag}.tar.gz")
     v = record["verdict"]
     print(f"== {v['outcome']}: {len(v['regressions'])} regressions, {len(v['incomplete'])} incomplete, "
           f"{len(v['stock_failures'])} tests failing on stock; record {out / f'kits-{tag}.md'}", flush=True)

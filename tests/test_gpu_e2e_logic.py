@@ -683,6 +683,8 @@ def test_main_writes_the_record_after_every_case_and_says_whether_fa3_was_there(
     report = (out / "e2e-all.txt").read_text()
     assert report.startswith("FA3: not installed") and "2 skipped (2 for no FA3)" in report and rc == 1
     assert (out / "logs-all.tar.gz").exists()
+    assert doc["environment"]["command"] == (
+        "python3 scripts/gpu_e2e.py --models MODELS --cases 'retract-*' 'default-*' --out OUT --jobs 2 --stagger 0")
 
 
 # ----------------------------------------------------------------------------- deployments
