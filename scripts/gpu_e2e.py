@@ -275,9 +275,7 @@ def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repea
         wanted += GROUPS[g]
     if wanted:
         cases = [c for c in cases if any(fnmatch.fnmatch(c.name, p) for p in wanted)]
-    if shard:
-        i, n = (int(x) for x in shard.split("/"))
-        cases = [c for k, c in enumerate(cases) if k % n == i - 1]
+    cases = ge.take_shard(cases, shard)
     return cases + [replace(c, name=f"{c.name}~{k}") for k in range(2, repeat + 1) for c in cases]
 
 
@@ -1370,7 +1368,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         sys.stdout.write(merge_record(args.merge))
         return 0
-    cases = select_cases(args.cases, args.shard, args.repeat, args.group)
+    try:
+        cases = select_cases(args.cases, args.shard, args.repeat, args.group)
+    except ValueError as exc:  # a mistyped --shard: one line, no traceback
+        print(f"gpu_e2e.py: {exc}", file=sys.stderr)
+        return 2
     if args.list or not cases:
         for c in cases:
             print(f"{c.name:36} {c.profile:8} {c.algorithm:10} {c.backend:10} graph={c.cuda_graph} pcg={c.pcg}"

@@ -376,6 +376,20 @@ def run_worker(script: Path, spec: dict[str, Any], work: Path, name: str, log_pa
     return rc, wall, result, log_path.read_text(errors="replace")
 
 
+def take_shard(items: Sequence[Any], spec: str | None) -> list[Any]:
+    """Every N-th item starting at the I-th (``spec`` ``"I/N"``, 1 <= I <= N; None: all), to
+    split a long run over several device calls."""
+    if not spec:
+        return list(items)
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+        if not 1 <= i <= n:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"--shard {spec!r}: give I/N with 1 <= I <= N") from None
+    return list(items)[i - 1::n]
+
+
 def portable_command(script: str, argv: Sequence[str], hide: dict[str, str]) -> str:
     """A harness's command line as recorded: the folder after each option in ``hide`` replaced
     by its role (``{"--out": "OUT"}``), so that no machine path lands in a record."""

@@ -101,15 +101,10 @@ def parse_flavours(text: str) -> list[str]:
 
 
 def shard(cases: Sequence[kc.KitCase], spec: str | None) -> list[kc.KitCase]:
-    if not spec:
-        return list(cases)
     try:
-        i, n = (int(x) for x in spec.split("/"))
-        if not 1 <= i <= n:
-            raise ValueError
-    except ValueError:
-        raise UsageError(f"--shard {spec!r}: give I/N with 1 <= I <= N") from None
-    return list(cases)[i - 1::n]
+        return ge.take_shard(cases, spec)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def list_text() -> str:

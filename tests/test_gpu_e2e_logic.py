@@ -843,3 +843,10 @@ def test_mtp_cases_run_the_mimov2_pair_on_every_backend_with_and_without_cuda_gr
     from make_tiny_models import MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME
 
     assert e2e.MODEL_DIRS["EAGLE"] == (MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME)
+
+
+def test_a_mistyped_shard_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--shard", "3/2", "--list"], ["--shard", "x", "--list"]):
+        assert e2e.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("gpu_e2e.py: ") and err.count("\n") == 1 and "Traceback" not in err
