@@ -344,6 +344,12 @@ def subprocess_env(mode: str, probe_dir: Path, log_config: Path | None, *, sync_
 # ----------------------------------------------------------------------------- launch
 
 
+#: What run_worker writes into a worker's log when it kills the worker at its time limit. A
+#: return code of -9 alone does not say who killed it: SGLang SIGKILLs its own process tree
+#: when a child process fails (its SIGQUIT handler), so an Engine that died reads -9 too.
+KILLED_AT_LIMIT = "run killed after"
+
+
 def run_worker(script: Path, spec: dict[str, Any], work: Path, name: str, log_path: Path, env: dict[str, str],
                timeout: float, *, spec_path: Path | None = None,
                result_path: Path | None = None) -> tuple[int, float, dict[str, Any] | None, str]:
@@ -362,7 +368,7 @@ def run_worker(script: Path, spec: dict[str, Any], work: Path, name: str, log_pa
             rc = proc.wait(timeout=max(timeout, 1.0))
         except subprocess.TimeoutExpired:
             rc = -9
-            log.write(f"\n[{script.stem}] {name} run killed after {timeout:.0f} s\n")
+            log.write(f"\n[{script.stem}] {name} {KILLED_AT_LIMIT} {timeout:.0f} s\n")
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: it and its children only
     except (ProcessLookupError, PermissionError):
@@ -426,8 +432,11 @@ def engine_error(returncode: int | None, result: dict[str, Any] | None, log_text
         missing = [k for k in expected if k not in (result.get("scenarios") or {})]
         if missing:
             why.append(f"stopped before {missing[0]!r}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
-    if returncode != 0:
-        why.insert(0, "killed at the time limit" if returncode == -9 else f"exit status {returncode}")
+    if returncode == -9:
+        why.insert(0, "killed at the time limit" if KILLED_AT_LIMIT in log_text
+                   else "killed by SIGKILL before the time limit (SGLang kills its own processes when a child fails)")
+    elif returncode != 0:
+        why.insert(0, f"exit status {returncode}")
     if not why:
         return None
     error = (result or {}).get("error")

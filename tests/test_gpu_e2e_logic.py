@@ -573,7 +573,7 @@ def test_an_engine_that_did_not_start_is_a_harness_error_not_a_mismatch(tmp_path
             return 1, 3.0, None, "Traceback...\ntorch.distributed.DistStoreError: EADDRINUSE\n"
         if name == "eagle3-triton-graph-nopcg-patched":
             part = dict(full, scenarios={names[0]: full["scenarios"][names[0]]})
-            return -9, 30.0, part, "scenario bs1: ok\n[gpu_e2e] killed after 30 s\n"
+            return -9, 30.0, part, f"scenario bs1: ok\n[gpu_e2e] {name} {ge.KILLED_AT_LIMIT} 30 s\n"
         return 0, 5.0, full, ""
 
     monkeypatch.setattr(ge, "run_worker", fake_worker)

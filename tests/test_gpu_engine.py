@@ -107,8 +107,12 @@ def test_engine_error() -> None:
     assert ge.engine_error(0, ok, "", expected=["a", "b"]) is None
     assert ge.engine_error(1, None, "") == "exit status 1; no result"
     assert ge.engine_error(0, {"scenarios": {}}, "") == "the Engine did not start"
-    assert ge.engine_error(-9, {"startup_s": 1.0, "scenarios": {"a": {}}}, "", expected=["a", "b", "c"]) == (
+    limit = f"[gpu_e2e] x-stock {ge.KILLED_AT_LIMIT} 300 s"
+    assert ge.engine_error(-9, {"startup_s": 1.0, "scenarios": {"a": {}}}, limit, expected=["a", "b", "c"]) == (
         "killed at the time limit; stopped before 'b' (+1 more)")
+    # -9 without the harness's mark: SGLang's SIGQUIT handler killed its own tree (a child failed)
+    died = "AttributeError: x\n[2026-11-23 ERROR] SIGQUIT received. It usually means one child failed."
+    assert ge.engine_error(-9, None, died).startswith("killed by SIGKILL before the time limit")
     assert ge.engine_error(0, {"startup_s": 1.0, "error": "RuntimeError: x"}, "", expected=[]) is None
     assert ge.log_tail("\n".join(str(i) for i in range(100)), lines=3) == "97\n98\n99"
 
@@ -127,6 +131,7 @@ def test_run_worker_kills_its_session_and_reads_the_result(tmp_path: Path) -> No
     rc, wall, result, text = ge.run_worker(script, {"x": 8, "sleep": 30}, tmp_path, "b", tmp_path / "b.log",
                                            dict(os.environ), 1.5)
     assert rc == -9 and wall < 20 and result["echo"] == 8 and "b run killed after 2 s" in text
+    assert ge.engine_error(rc, result, text).startswith("killed at the time limit")
 
 
 # ----------------------------------------------------------------------------- FA3, models, kwargs
