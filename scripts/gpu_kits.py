@@ -383,6 +383,15 @@ def run_job(job: Job, setup: Setup, ports: ge.PortAllocator, thresholds_doc: dic
             "log": f"{job.tag}.log", "log_tail": ge.log_tail(text, 12) if status == "error" else None}
 
 
+def budget_cut(res: dict[str, Any], left: float | None, timeout: float) -> dict[str, Any]:
+    """A job killed at a time limit that was the rest of the run's ``--budget``, not its own
+    ``--timeout``, was cut off: say so, so that it is not read as a server that hung."""
+    if left is None or left >= timeout or res.get("returncode") != -9 or res.get("status") != "error":
+        return res
+    return dict(res, error=f"cut off when the run's --budget ran out ({left:.0f} s after it started); "
+                           "no verdict: run it again")
+
+
 def run_jobs(jobs: Sequence[Job], setup: Setup, thresholds_doc: dict[str, Any], *, fit: bool, parallel: int,
              timeout: float, deadline: float | None, stagger: float, gpus: Sequence[str],
              on_result: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
@@ -406,6 +415,7 @@ def run_jobs(jobs: Sequence[Job], setup: Setup, thresholds_doc: dict[str, Any], 
             try:
                 res = run_job(job, setup, ports, thresholds_doc, fit=fit, gpu=gpus[index % len(gpus)] if gpus else None,
                               timeout=timeout if left is None else min(timeout, left))
+                res = budget_cut(res, left, timeout)
             except Exception as exc:  # a harness bug must not lose the other jobs' results
                 res = dict(not_run(job, f"harness error: {exc!r}"[:300]), status="error")
         with lock:

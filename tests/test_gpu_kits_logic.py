@@ -441,6 +441,19 @@ def test_junit_and_job_status(tmp_path):
     assert gk.parse_junit(tmp_path / "missing.xml") == []
 
 
+def test_a_job_cut_off_by_the_budget_is_not_read_as_a_hang():
+    """On the H100 two regex jobs were killed when the run's --budget ran out, 118 s in; the
+    record said "killed at the time limit", which reads like a server that hung."""
+    status, error = gk.job_status(-9, [])
+    killed = {"status": status, "error": error, "returncode": -9}
+    cut = gk.budget_cut(killed, 118.4, 360)
+    assert cut["status"] == "error" and cut["error"].startswith("cut off when the run's --budget ran out (118 s")
+    assert gk.budget_cut(killed, None, 360) is killed  # no budget: its own --timeout killed it
+    assert gk.budget_cut(killed, 500, 360) is killed  # the budget left more than its timeout
+    done = {"status": "failed", "error": None, "returncode": 1}
+    assert gk.budget_cut(done, 118.4, 360) is done  # it finished inside the cut-down limit
+
+
 def _log(applied: int = 0, disabled: int = 0, pids: tuple[int, ...] = (), bad: tuple[str, ...] = ()):
     return smoke.LogFindings(applied_pids=list(pids), applied_lines=applied, disabled_lines=disabled,
                              bad_lines=list(bad))

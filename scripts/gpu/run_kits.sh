@@ -6,8 +6,8 @@
 # server with SGLANG_SPEC_NAN_DETECTION=1 and SGLANG_SPEC_OOB_DETECTION=1, and checks that every
 # test passing on stock passes on the other two.
 #
-#   bash scripts/gpu/run_kits.sh --fit                    # once: fit the thresholds on stock (~3 min)
-#   bash scripts/gpu/run_kits.sh --budget 520             # 16 kit cases x 3 flavours = 48 servers, 12 at a time
+#   bash scripts/gpu/run_kits.sh --fit                    # once: fit the thresholds on stock (~3-5 min)
+#   bash scripts/gpu/run_kits.sh --budget 520             # 16 kit cases x 3 flavours = 48 servers, 12 at a time (~10 min: shard it)
 #   bash scripts/gpu/run_kits.sh --shard 1/2 --budget 520 # half the kit cases (then --shard 2/2)
 #   bash scripts/gpu/run_kits.sh --kits 'spec-*' json --flavours stock,tree
 #   python3 scripts/gpu_kits.py --list                    # the kit cases, and what is not applicable and why
@@ -17,9 +17,11 @@
 # on SGLang's Hopper default, stage FA3 first as in run_e2e.sh's header.
 #   1. carry [".gpu"]: bash scripts/gpu/run_kits.sh --fit
 #      then commit $OUT/kits-thresholds.json as tests/gpu/kits/thresholds.json
-#   2. carry [".gpu"]: bash scripts/gpu/run_kits.sh --budget 520
-#      (estimated from the e2e suite's Engine start-ups, ~5-8 min on one H100; if it does not
-#      fit, --shard 1/2 and --shard 2/2 in two calls, and --merge both records)
+#   2. carry [".gpu"]: bash scripts/gpu/run_kits.sh --shard 1/2 --budget 520
+#      then (FA3 staged again if the machine went back) --shard 2/2 --budget 520, and --merge
+#      both records. Measured on one H100 (2026-11-23): a kit server job takes 125-215 s
+#      (kl-divergence up to 300 s on a shared GPU), so the 48 jobs at 12 at a time need about
+#      10 minutes: one call with --budget 500 finished 11 of 16 kit cases on all flavours.
 #
 # Arguments go to gpu_kits.py (see its --help). Results under ${OUT:-./gpu-out}: setup.log,
 # kits-<tag>.json, kits-<tag>.md, logs-<tag>.tar.gz (tag: run or fit), kits-thresholds.json
