@@ -9,7 +9,7 @@
 #   bash scripts/gpu/run_e2e.sh --shard 1/2          # half of everything (fits a 10-minute slot)
 #   bash scripts/gpu/run_e2e.sh --group pd           # PD-disaggregation decode, fake transfer (one GPU; FA3 rows need FA3)
 #   bash scripts/gpu/run_e2e.sh --group multi        # TP=2 and dp_size 2 (nvidia-h200-x2; FA3 staged for the default rows)
-#   bash scripts/gpu/run_e2e.sh --group mtp --jobs 7 # multi-layer EAGLE: MiMoV2 + 3-layer MTP draft, 7 cases (FA3 staged for default/fa3)
+#   bash scripts/gpu/run_e2e.sh --group mtp --jobs 5 # multi-layer EAGLE: MiMoV2 + 3-layer MTP draft, 5 cases (FA3 staged for default/fa3)
 #
 # Device calls for the FA3 set (FA3 lives in /tmp of the machine: stage it right before, ../shared/gpu/README.md):
 #   1. carry [".gpu-fa3a"]: bash .gpu-fa3a/stage.sh
