@@ -19,7 +19,7 @@
 #      then commit $OUT/kits-thresholds.json as tests/gpu/kits/thresholds.json
 #   2. carry [".gpu"]: bash scripts/gpu/run_kits.sh --shard 1/2 --budget 520
 #      then (FA3 staged again if the machine went back) --shard 2/2 --budget 520, and --merge
-#      both records. Measured on one H100 (2026-11-23): a kit server job takes 125-215 s
+#      both records. Measured on one H100 (2026-11-23): a kit server job takes 125-216 s
 #      (kl-divergence up to 300 s on a shared GPU), so the 48 jobs at 12 at a time need about
 #      10 minutes: one call with --budget 500 finished 11 of 16 kit cases on all flavours.
 #
