@@ -19,9 +19,10 @@
 #      then commit $OUT/kits-thresholds.json as tests/gpu/kits/thresholds.json
 #   2. carry [".gpu"]: bash scripts/gpu/run_kits.sh --shard 1/2 --budget 520
 #      then (FA3 staged again if the machine went back) --shard 2/2 --budget 520, and --merge
-#      both records. Measured on one H100 (2026-11-23): a kit server job takes 125-216 s
-#      (kl-divergence up to 300 s on a shared GPU), so the 48 jobs at 12 at a time need about
-#      10 minutes: one call with --budget 500 finished 11 of 16 kit cases on all flavours.
+#      both records. Measured on one H100 (2026-11-23): a kit server job takes 90-216 s
+#      (regex, ebnf and pause up to 314 s with 12 servers on the GPU), so the 48 jobs at 12 at
+#      a time need about 15 minutes: one call with --budget 500 finished 11 of 16 kit cases on
+#      all flavours, a second (--kits regex ebnf matched-stop pause sanity) the other 5 in 368 s.
 #
 # Arguments go to gpu_kits.py (see its --help). Results under ${OUT:-./gpu-out}: setup.log,
 # kits-<tag>.json, kits-<tag>.md, logs-<tag>.tar.gz (tag: run or fit), kits-thresholds.json
