@@ -89,7 +89,6 @@ import gzip
 import json
 import os
 import random
-import shlex
 import shutil
 import socket
 import statistics
@@ -751,6 +750,14 @@ def summarize_sync_snapshots(snapshots: Sequence[dict[str, Any]], top: int = 6) 
 
 
 # ---------------------------------------------------------------------------- merging
+
+
+def recorded_command(argv: Sequence[str]) -> str:
+    """The command line as the record keeps it: no interpreter or machine folder in it (the
+    result file keeps its name under ``OUT``; the log and upstream folders become their role)."""
+    args = [f"OUT/{Path(a).name}" if i and argv[i - 1] == "--out" else a for i, a in enumerate(argv)]
+    return ge.portable_command("scripts/bench_spec_v2.py", args,
+                               {"--log-dir": "LOGS", "--upstream-site": "UPSTREAM_SITE"})
 
 
 def new_doc(command: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -1652,7 +1659,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = ge.make_variants(parse_name_list(args.variants, ge.VARIANT_NAMES), upstream=args.upstream_site)
     if args.max_new_tokens < 2:
         raise SystemExit("--max-new-tokens must be >= 2")
-    command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["bench_spec_v2.py", *argv])
+    command = recorded_command(sys.argv[1:] if argv is None else argv)
     config = {
         "models": models, "backends": backends, "reps": args.reps, "batch_sizes": bss,
         "max_new_tokens": args.max_new_tokens, "prompt_len": args.prompt_len, "trials": args.trials,

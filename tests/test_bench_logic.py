@@ -499,6 +499,10 @@ def test_end_to_end_with_fake_sglang(tmp_path, fake_site):
     assert all(r["valid"] for r in case["runs"]), [r["validity"] for r in case["runs"]]
     assert doc["env"]["gpu"] == "Fake GPU" and doc["env"]["sglang_version"] == "0.5.12.post1-fake"
     assert "--reps 1" in doc["command"]
+    # the record's command holds no interpreter and no folder of the machine it ran on
+    assert doc["command"].startswith("scripts/bench_spec_v2.py --model tiny"), doc["command"]
+    assert "--out OUT/bench.json" in doc["command"] and str(tmp_path) not in doc["command"]
+    assert sys.executable not in doc["command"]
     row = case["summary"]["by_bs"]["1"]
     assert row["stock"]["accept_length"]["median"] == pytest.approx(33 / 8)
     assert row["ratio"] is not None and row["stock"]["tpot_ms"]["median"] > 0
@@ -720,3 +724,10 @@ def test_cpu_pinning_plan(tmp_path):
     assert bench.core_siblings(9, str(root)) == {9}  # no topology: itself
     assert bench.plan_pinning([0, 4, 1, 5], str(root)) is None  # too few CPUs to spare
     assert bench.plan_pinning([], str(root)) is None
+
+
+def test_recorded_command_hides_machine_folders():
+    cmd = bench.recorded_command(["--model", "8b", "--out", "/somewhere/out/bench-8b.json", "--log-dir",
+                                  "/tmp/bench-logs-x1", "--upstream-site", "/tmp/site-0.5.13", "--reps", "1"])
+    assert cmd == ("scripts/bench_spec_v2.py --model 8b --out OUT/bench-8b.json --log-dir LOGS "
+                   "--upstream-site UPSTREAM_SITE --reps 1")
