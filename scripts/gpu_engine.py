@@ -416,6 +416,15 @@ def log_tail(text: str, lines: int = 30, width: int = 400) -> str:
     return "\n".join(ln[:width] for ln in text.splitlines()[-lines:])
 
 
+def exit_reason(returncode: int | None, log_text: str) -> str | None:
+    """How a ``run_worker`` process ended, when not with status 0: killed at its time limit
+    (run_worker's mark in its log), killed by SIGKILL otherwise, or its exit status."""
+    if returncode == -9:
+        return ("killed at the time limit" if KILLED_AT_LIMIT in log_text
+                else "killed by SIGKILL before the time limit (SGLang kills its own processes when a child fails)")
+    return None if returncode == 0 else f"exit status {returncode}"
+
+
 def engine_error(returncode: int | None, result: dict[str, Any] | None, log_text: str, *,
                  expected: Sequence[str] = ()) -> str | None:
     """Why an Engine run is a harness error, not a result (None: it ran to the end).
@@ -432,11 +441,9 @@ def engine_error(returncode: int | None, result: dict[str, Any] | None, log_text
         missing = [k for k in expected if k not in (result.get("scenarios") or {})]
         if missing:
             why.append(f"stopped before {missing[0]!r}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
-    if returncode == -9:
-        why.insert(0, "killed at the time limit" if KILLED_AT_LIMIT in log_text
-                   else "killed by SIGKILL before the time limit (SGLang kills its own processes when a child fails)")
-    elif returncode != 0:
-        why.insert(0, f"exit status {returncode}")
+    exit_why = exit_reason(returncode, log_text)
+    if exit_why:
+        why.insert(0, exit_why)
     if not why:
         return None
     error = (result or {}).get("error")

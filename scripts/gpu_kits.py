@@ -291,11 +291,11 @@ def parse_junit(path: Path) -> list[dict[str, Any]]:
     return tests
 
 
-def job_status(returncode: int | None, tests: Sequence[dict[str, Any]]) -> tuple[str, str | None]:
-    """A job's status from its tests, and why it is an error when it is one."""
+def job_status(returncode: int | None, tests: Sequence[dict[str, Any]], log_text: str) -> tuple[str, str | None]:
+    """A job's status from its tests, and why it is an error when it is one (``log_text``: the
+    job's log, which says whether the harness killed it at its time limit)."""
     if not tests:
-        why = ("killed at the time limit" if returncode == -9 else f"pytest process exit status {returncode}")
-        return "error", f"no test results ({why})"
+        return "error", f"no test results ({ge.exit_reason(returncode, log_text) or 'exit status 0'})"
     states = [t["status"] for t in tests]
     ran = [s for s in states if s != "skipped"]
     if not ran:
@@ -370,7 +370,7 @@ def run_job(job: Job, setup: Setup, ports: ge.PortAllocator, thresholds_doc: dic
     rc, wall, _, text = ge.run_worker(Path(__file__).resolve(), spec, work, job.tag, work / f"{job.tag}.log", env,
                                       timeout)
     tests = parse_junit(junit)
-    status, error = job_status(rc, tests)
+    status, error = job_status(rc, tests, text)
     ran = any(t["status"] == "passed" for t in tests)
     ok, detail = flavour_check(flavour, smoke.scan_log(text), smoke.summarize_probe(smoke.read_probe_dir(probe_dir)), ran)
     passed = sum(t["status"] == "passed" for t in tests)

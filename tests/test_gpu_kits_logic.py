@@ -433,18 +433,21 @@ def test_junit_and_job_status(tmp_path):
         ("test_health", "passed"), ("test_max_token_one", "failed"), ("test_long_prompt", "skipped"),
         ("test_health_generate", "error")]
     assert tests[1]["message"] == "AssertionError: 0 not greater than 0" and tests[1]["seconds"] == 1.2
-    assert gk.job_status(0, tests) == ("failed", None)
-    assert gk.job_status(0, tests[:1] + tests[2:3]) == ("passed", None)
-    assert gk.job_status(0, tests[2:3]) == ("skipped", None)
-    assert gk.job_status(-9, []) == ("error", "no test results (killed at the time limit)")
-    assert gk.job_status(0, tests[3:]) == ("error", "teardown failed")
+    assert gk.job_status(0, tests, "") == ("failed", None)
+    assert gk.job_status(0, tests[:1] + tests[2:3], "") == ("passed", None)
+    assert gk.job_status(0, tests[2:3], "") == ("skipped", None)
+    killed = f"[gpu_kits] regex-plugin {ge.KILLED_AT_LIMIT} 118 s\n"  # what run_worker writes
+    assert gk.job_status(-9, [], killed) == ("error", "no test results (killed at the time limit)")
+    assert gk.job_status(-9, [], "")[1].startswith("no test results (killed by SIGKILL before the time limit")
+    assert gk.job_status(2, [], "") == ("error", "no test results (exit status 2)")
+    assert gk.job_status(0, tests[3:], "") == ("error", "teardown failed")
     assert gk.parse_junit(tmp_path / "missing.xml") == []
 
 
 def test_a_job_cut_off_by_the_budget_is_not_read_as_a_hang():
     """On the H100 two regex jobs were killed when the run's --budget ran out, 118 s in; the
     record said "killed at the time limit", which reads like a server that hung."""
-    status, error = gk.job_status(-9, [])
+    status, error = gk.job_status(-9, [], f"[gpu_kits] regex-plugin {ge.KILLED_AT_LIMIT} 118 s\n")
     killed = {"status": status, "error": error, "returncode": -9}
     cut = gk.budget_cut(killed, 118.4, 360)
     assert cut["status"] == "error" and cut["error"].startswith("cut off when the run's --budget ran out (118 s")
@@ -483,7 +486,7 @@ def _job(case: str, flavour: str, statuses: dict[str, str], *, check: bool = Tru
          measured: dict[str, float] | None = None, fitted: bool | None = None) -> dict[str, Any]:
     tests = [{"name": n, "status": s, "seconds": 1.0, "message": "" if s == "passed" else f"{n} {s}"}
              for n, s in statuses.items()]
-    job = {"case": case, "flavour": flavour, "status": status or gk.job_status(0, tests)[0], "error": None,
+    job = {"case": case, "flavour": flavour, "status": status or gk.job_status(0, tests, "")[0], "error": None,
            "wall_s": 40.0, "tests": tests, "check": {"ok": check, "detail": "plugin lines"},
            "measured": measured or {}, "thresholds": None}
     if fitted is not None:

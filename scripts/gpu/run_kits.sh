@@ -7,7 +7,7 @@
 # test passing on stock passes on the other two.
 #
 #   bash scripts/gpu/run_kits.sh --fit                    # once: fit the thresholds on stock (~3-5 min)
-#   bash scripts/gpu/run_kits.sh --budget 520             # 16 kit cases x 3 flavours = 48 servers, 12 at a time (~10 min: shard it)
+#   bash scripts/gpu/run_kits.sh --budget 520             # 16 kit cases x 3 flavours = 48 servers, 12 at a time (~15 min: shard it)
 #   bash scripts/gpu/run_kits.sh --shard 1/2 --budget 520 # half the kit cases (then --shard 2/2)
 #   bash scripts/gpu/run_kits.sh --kits 'spec-*' json --flavours stock,tree
 #   python3 scripts/gpu_kits.py --list                    # the kit cases, and what is not applicable and why
