@@ -132,6 +132,11 @@ class Case:
     pcg: bool  # with backend default: SGLang's default (on), not passed
     profile: str  # matrix | retract | soak | text | http | eos | radix | seeded
     extra: tuple[tuple[str, Any], ...] = ()
+    #: Arguments the stock run gets on top of ``extra``, where stock cannot run the patched
+    #: run's launch: stock crashes on SGLang's auto-chosen tree, so its oracle is the same
+    #: tree given explicitly (spec v1 on the same backend). Both runs must then resolve to
+    #: the same server arguments.
+    stock_extra: tuple[tuple[str, Any], ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -150,7 +155,12 @@ class Case:
 
     @property
     def needs_fa3(self) -> bool:
-        return ge.needs_fa3(self.backend)
+        return ge.needs_fa3(self.backend) or dict(self.stock_extra).get("attention_backend") == "fa3"
+
+    @property
+    def spec_v1(self) -> bool:
+        """Both runs are spec v1 (a tree on 0.5.12.x): no verify_done wait on either side."""
+        return bool(self.stock_extra)
 
 
 def _graph_name(graph: bool, pcg: bool) -> str:
@@ -179,7 +189,7 @@ def all_cases() -> list[Case]:
     # in the soak, so that any difference is the plugin's.
     cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))))
-    return cases + fa3_cases() + deployment_cases() + multilayer_cases()
+    return cases + fa3_cases() + deployment_cases() + multilayer_cases() + tree_cases()
 
 
 def fa3_cases() -> list[Case]:
@@ -253,6 +263,32 @@ def deployment_cases() -> list[Case]:
     return cases
 
 
+#: No speculative flags but the algorithm and the draft: SGLang chooses steps, topk and draft
+#: tokens (5 / 4 / 8 for a Llama target with EAGLE or EAGLE3).
+AUTO_SPEC = (("speculative_num_steps", None), ("speculative_eagle_topk", None),
+             ("speculative_num_draft_tokens", None))
+AUTO_TREE = (("speculative_num_steps", 5), ("speculative_eagle_topk", 4), ("speculative_num_draft_tokens", 8))
+
+
+def tree_cases() -> list[Case]:
+    """SGLang's auto-chosen tree with the plugin (spec v1, back-port auto-tree-spec-v1) against
+    stock SGLang given the same tree explicitly, on the backend the auto path ends up with:
+    FA3 with piecewise CUDA graph on Hopper (stock names no backend for the auto path, but an
+    explicit tree would pick FlashInfer there, so the oracle names FA3), and Triton."""
+    cases = [Case("tree-auto-eagle3-default", "EAGLE3", "default", True, True, "matrix", AUTO_SPEC,
+                  stock_extra=AUTO_TREE + (("attention_backend", "fa3"),))]
+    cases.append(Case("tree-auto-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix",
+                      AUTO_SPEC, stock_extra=AUTO_TREE))
+    cases.append(Case("tree-auto-eagle3-triton-eos", "EAGLE3", "triton", True, False, "eos",
+                      AUTO_SPEC, stock_extra=AUTO_TREE))
+    # As a user launches it: sglang.launch_server with no backend and no spec flags but these
+    # two (batch-invariant kernels, as in the other HTTP case: requests arrive concurrently).
+    http = (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))
+    cases.append(Case("tree-auto-eagle3-http-default", "EAGLE3", "default", True, True, "http",
+                      AUTO_SPEC + http, stock_extra=AUTO_TREE + (("attention_backend", "fa3"),)))
+    return cases
+
+
 #: Named case sets (``--group``): fnmatch patterns over case names.
 GROUPS: dict[str, tuple[str, ...]] = {
     "base": ("eagle3-*", "standalone-*", "retract-*", "soak-*", "text-*", "tp2-eagle3-*", "tp2-standalone-*",
@@ -262,6 +298,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "multi": ("tp2-*", "dp2-*"),
     "pd": ("pd-*",),
     "mtp": ("mtp-*",),
+    "tree": ("tree-*",),
 }
 
 
@@ -286,10 +323,11 @@ def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repea
 MODEL_DIRS = {"EAGLE3": ("target", "eagle3"), "STANDALONE": ("target", "draft"), "EAGLE": ("mimov2", "mimov2-mtp")}
 
 
-def engine_kwargs(case: Case, models: Path) -> dict[str, Any]:
+def engine_kwargs(case: Case, models: Path, stock: bool = False) -> dict[str, Any]:
+    """The Engine kwargs of a case (``stock``: of its stock run, with ``Case.stock_extra``)."""
     target, draft = (models / name for name in MODEL_DIRS[case.algorithm])
     default = case.backend == "default"
-    extra = dict(case.extra)
+    extra = dict(case.extra, **(dict(case.stock_extra) if stock else {}))
     return ge.spec_engine_kwargs(
         str(target), str(draft), algorithm=case.algorithm, backend=case.backend,
         cuda_graph=case.cuda_graph, pcg=None if default else case.pcg, mem_fraction=0.06,
@@ -653,7 +691,7 @@ def server_argv(kwargs: dict[str, Any], port: int) -> list[str]:
     server listens on ``port`` (the first port of its block, below SGLang's gRPC offset limit)."""
     argv: list[str] = []
     for key, value in kwargs.items():
-        if key in ("host", "port"):
+        if key in ("host", "port") or value is None:  # None: not given, SGLang chooses
             continue
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
@@ -991,6 +1029,31 @@ def memory_growth(samples: Sequence[Sequence[Any]]) -> tuple[int | None, str]:
     return max(vals[1:]) - vals[0], f"samples every 200 requests {vals} MiB"
 
 
+#: Server arguments that must agree between a spec-v1 case's patched run and its stock oracle.
+SPEC_V1_KEYS = ("attention_backend", "decode_attention_backend", "prefill_attention_backend", "page_size",
+                "disable_piecewise_cuda_graph", "disable_cuda_graph", "cuda_graph_bs", "disable_overlap_schedule",
+                "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+
+
+def spec_v1_checks(stock: dict[str, Any], patched: dict[str, Any]) -> list[Check]:
+    """A tree case: the patched auto launch resolved to exactly the stock oracle's explicit
+    tree on spec v1, and said so in one line of the main process."""
+    eff = {name: (run.get("result") or {}).get("effective") or {} for name, run in
+           (("stock", stock), ("patched", patched))}
+    differ = [k for k in SPEC_V1_KEYS if eff["stock"].get(k) != eff["patched"].get(k)]
+    spec = tuple(eff["patched"].get(k) for k in ("speculative_num_steps", "speculative_eagle_topk",
+                                                 "speculative_num_draft_tokens"))
+    checks = [
+        Check("patched auto launch = stock explicit tree (server args)", bool(eff["stock"]) and not differ,
+              f"differ: {differ}" if differ else f"{eff['patched'].get('attention_backend')}, spec {spec}"),
+        Check("both on spec v1", all(e.get("disable_overlap_schedule") is True for e in eff.values()),
+              f"disable_overlap_schedule {[e.get('disable_overlap_schedule') for e in eff.values()]}"),
+        Check("patched log: one auto-tree spec v1 line", patched["log"].auto_tree_lines == 1,
+              f"{patched['log'].auto_tree_lines} lines"),
+    ]
+    return checks
+
+
 def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str, Any], patched: dict[str, Any]) -> list[Check]:
     checks: list[Check] = []
     for name, run in (("stock", stock), ("patched", patched)):
@@ -1016,10 +1079,13 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
     for name, lf in (("stock", slog), ("patched", plog)):
         checks.append(Check(f"{name} log: no plugin warnings/errors", not lf.bad_lines,
                             "none" if not lf.bad_lines else " | ".join(lf.bad_lines[:3])))
-    checks.append(Check("stock scheduler waits on verify_done", sprobe.scheduler_calls > 0,
-                        f"{sprobe.scheduler_calls} maybe_wait_verify_done calls"))
-    checks.append(Check("patched never waits on verify_done", bool(pprobe.scheduler_pids) and pprobe.total_calls == 0,
-                        f"{pprobe.total_calls} calls"))
+    if case.spec_v1:
+        checks.extend(spec_v1_checks(stock, patched))
+    else:
+        checks.append(Check("stock scheduler waits on verify_done", sprobe.scheduler_calls > 0,
+                            f"{sprobe.scheduler_calls} maybe_wait_verify_done calls"))
+        checks.append(Check("patched never waits on verify_done",
+                            bool(pprobe.scheduler_pids) and pprobe.total_calls == 0, f"{pprobe.total_calls} calls"))
     if case.gpus > 1:
         # One scheduler per GPU (TP ranks, or DP ranks behind the DP controller): the check
         # above then holds for each of them.
@@ -1156,7 +1222,8 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
                 time.sleep(wait)
             last_start[0] = time.monotonic()
         block = ports.allocate(f"{case.name}-{mode_name}")
-        spec = {"engine_kwargs": ge.with_ports(engine_kwargs(case, models), block), "ports": block.as_dict(),
+        kwargs = engine_kwargs(case, models, stock=mode == "off")
+        spec = {"engine_kwargs": ge.with_ports(kwargs, block), "ports": block.as_dict(),
                 "scenarios": workloads[case.profile], "server": case.server, "cuda_visible_devices": devices(case)}
         return run_engine(case, mode_name, mode, spec, work, timeout, log_config)
 

@@ -162,6 +162,8 @@ _LEVELED = re.compile(
 )
 _PID_IN_MSG = re.compile(r"\[pid (\d+)\]")
 _BAD_LEVELS = {"WARNING", "ERROR", "CRITICAL"}
+#: The WARNING the plugin logs (on purpose) when it sends SGLang's auto-chosen tree to spec v1.
+AUTO_TREE_MARK = "speculative decoding because the auto-chosen tree"
 
 
 @dataclass
@@ -171,6 +173,8 @@ class LogFindings:
     disabled_lines: int = 0
     bad_lines: list[str] = field(default_factory=list)
     plugin_lines: list[str] = field(default_factory=list)
+    #: Lines saying that an auto-chosen tree runs on spec v1 (back-port auto-tree-spec-v1).
+    auto_tree_lines: int = 0
 
 
 def scan_log(text: str) -> LogFindings:
@@ -188,6 +192,9 @@ def scan_log(text: str) -> LogFindings:
             f.bad_lines.append(line)
             continue
         if PLUGIN not in line:
+            continue
+        if f"{PLUGIN}: Spec v1 is used for " in line and AUTO_TREE_MARK in line:
+            f.auto_tree_lines += 1
             continue
         if re.search(r'File ".*' + PLUGIN + r'[/\\]', line) or re.search(PLUGIN + r'[/\\]\S*\.py:\d+: \w*Warning', line):
             f.bad_lines.append(line)  # a traceback frame in, or a Python warning from, the plugin's code

@@ -51,6 +51,20 @@ class PatchError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class TextEdit:
+    """An explicit, reviewed source edit: how ``patches/`` makes a ``wrap`` target's change.
+
+    A wrapper delegates to the stock function, which has no source form; the patch makes the
+    same change inside the stock function instead. ``old`` must occur exactly once in the
+    file, inside that function, so a changed SGLang file fails loudly instead of being
+    patched somewhere else.
+    """
+
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
 class Target:
     """One attribute that a back-port replaces or adds.
 
@@ -64,6 +78,8 @@ class Target:
     check that keeps some batches away from the changed code; it must still have exactly
     its 0.5.12.x source, or the gate refuses the whole series; ``replacement`` is None).
     ``import_line`` is the source line the patch series uses for a ``value`` target.
+    ``edits`` (a ``wrap`` target only) is the same change as source edits of the stock
+    function, and ``edit_note`` what the commit message says about them.
     """
 
     owner: str
@@ -73,6 +89,8 @@ class Target:
     kind: str = "splice"
     original_arg: str | None = None
     import_line: str | None = None
+    edits: tuple[TextEdit, ...] = ()
+    edit_note: str = ""
 
     @property
     def path(self) -> str:

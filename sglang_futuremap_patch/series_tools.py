@@ -6,12 +6,12 @@ globals), so the plugin and the patches are one piece of code. Regenerating must
 ``patches/`` byte for byte; ``tests/test_series.py`` and ``tests/test_drift.py`` hold both
 sides to that.
 
-One target is not pasted: ``Scheduler.run_batch``. The plugin *wraps* it (spec-v2 overlap
-batches go its own way, everything else is delegated to the stock method), which has no
-source form. The patch makes the equivalent change inside the stock method instead, as the
-explicit, reviewed text edits in :data:`TEXT_EDITS`; each edit asserts that its anchor text
-occurs exactly once, inside that method, so a changed SGLang file fails loudly instead of
-being patched somewhere else.
+``wrap`` targets are not pasted: the plugin wraps the stock function (e.g. spec-v2 overlap
+batches go their own way in ``Scheduler.run_batch``, everything else is delegated), which has
+no source form. The patch makes the equivalent change inside the stock function instead, as
+the explicit, reviewed text edits the back-port module declares with the target
+(``Target.edits``); each edit asserts that its anchor text occurs exactly once, inside that
+function, so a changed SGLang file fails loudly instead of being patched somewhere else.
 
 Entry points: :func:`make_pristine_tree` (an SGLang release as ``python/sglang/...`` in a
 fresh git repository), :func:`export_series` (splice, commit, ``git format-patch``),
@@ -216,170 +216,6 @@ def tree_version(tree: Path) -> str:
 
 
 # ----------------------------------------------------------------------------- the run_batch exception
-
-
-@dataclass(frozen=True)
-class TextEdit:
-    """An explicit, reviewed source edit standing in for a target that cannot be pasted.
-
-    ``old`` must occur exactly once in the file, inside the function named by ``target``.
-    """
-
-    target: str  # Target.path it stands for
-    old: str
-    new: str
-
-
-_RUN_BATCH = "sglang.srt.managers.scheduler:Scheduler.run_batch"
-
-#: ``Scheduler.run_batch`` as a source change. The plugin's wrapper (publish_stash.run_batch)
-#: does the stock head bookkeeping (forward_ct, profiler, sleep), runs
-#: ``forward_spec_v2_overlap`` for spec-v2 overlap batches (never prebuilt ones: the stock
-#: method returns for those before it gets here) and then the stock tail (logprob lengths,
-#: elastic-EP rank report). Inside the stock method that is: skip building a worker batch
-#: (forward_spec_v2_overlap builds it once seq_lens are fresh), dispatch, and drop the
-#: spec-v2 lines of the overlap branch, which no batch reaches any more. Every other path
-#: is left byte for byte as it was. ``batch.output_ids`` is already set by
-#: forward_spec_v2_overlap; the stock tail assigns the same object again.
-TEXT_EDITS: dict[str, tuple[TextEdit, ...]] = {
-    _RUN_BATCH: (
-        TextEdit(
-            _RUN_BATCH,
-            old="""\
-        if self.is_generation:
-            if self.spec_algorithm.is_none() or self.enable_overlap:
-                # In most cases, we use the model worker batch to run the forward.
-""",
-            new="""\
-        if self.is_generation:
-            # Spec v2 overlap relays seq_lens and the draft state through the FutureMap
-            # (publish/stash) and builds its worker batch once seq_lens are fresh.
-            spec_v2_overlap = self.enable_overlap and batch.is_spec_v2
-            if spec_v2_overlap:
-                worker_batch_or_batch = None
-            elif self.spec_algorithm.is_none() or self.enable_overlap:
-                # In most cases, we use the model worker batch to run the forward.
-""",
-        ),
-        TextEdit(
-            _RUN_BATCH,
-            old="""\
-                worker_batch_or_batch = batch
-
-            if self.enable_overlap:
-                model_worker_batch = worker_batch_or_batch
-""",
-            new="""\
-                worker_batch_or_batch = batch
-
-            if spec_v2_overlap:
-                # Also sets batch.spec_info and batch.output_ids.
-                batch_result = self.forward_spec_v2_overlap(batch)
-                future_indices_or_next_token_ids = batch.output_ids
-            elif self.enable_overlap:
-                model_worker_batch = worker_batch_or_batch
-""",
-        ),
-        TextEdit(
-            _RUN_BATCH,
-            old="""\
-                future_indices_or_next_token_ids = -future_indices.indices
-
-                if batch.is_spec_v2:
-                    # FIXME(lsyin): tmp code for spec v2
-                    # We only keep future indices for next draft input
-
-                    batch.spec_info = batch_result.next_draft_input
-                    batch.spec_info.future_indices = future_indices
-
-                    # The future value, usually for next batch preparation
-                    # Current implementation strictly synchronizes the seq_lens
-                    batch.seq_lens = batch_result.next_draft_input.new_seq_lens
-            elif self.enable_pdmux and batch.forward_mode.is_split_prefill():
-""",
-            new="""\
-                future_indices_or_next_token_ids = -future_indices.indices
-            elif self.enable_pdmux and batch.forward_mode.is_split_prefill():
-""",
-        ),
-    ),
-}
-
-_FA3 = "sglang.srt.layers.attention.flashattention_backend:FlashAttentionBackend"
-_FA3_INIT = f"{_FA3}.init_forward_metadata"
-_FA3_REPLAY = f"{_FA3}.init_forward_metadata_replay_cuda_graph"
-
-# FA3's two metadata entry points (fa3_device_page_table): the plugin wraps them, checks for a
-# missing host mirror and delegates to SGLang's method; the patch puts the same check at the
-# top of the method, where "delegate" is a call to itself with the mirror (or the stand-in).
-TEXT_EDITS[_FA3_INIT] = (
-    TextEdit(
-        _FA3_INIT,
-        old="""\
-        \"\"\"Initialize forward metadata hence all layers in the forward pass can reuse it.\"\"\"
-        metadata = FlashAttentionMetadata()
-""",
-        new="""\
-        \"\"\"Initialize forward metadata hence all layers in the forward pass can reuse it.\"\"\"
-        if forward_batch.seq_lens_cpu is None:
-            # No host mirror (needs_cpu_seq_lens is False): the metadata below reads the host
-            # maximum only to size the page table; give it a stand-in. A draft extend without
-            # the mirror has no host prefix lengths either (back-port 4); SGLang tests them
-            # only for "any nonzero?", ahead of "or is_draft_extend", which is true here, so
-            # an empty list takes the same branch.
-            no_prefix_lens = forward_batch.extend_prefix_lens_cpu is None
-            forward_batch.seq_lens_cpu = self.host_seq_lens_stand_in(forward_batch)
-            if no_prefix_lens:
-                forward_batch.extend_prefix_lens_cpu = []
-            try:
-                return self.init_forward_metadata(forward_batch)
-            finally:
-                forward_batch.seq_lens_cpu = None
-                if no_prefix_lens:
-                    forward_batch.extend_prefix_lens_cpu = None
-        metadata = FlashAttentionMetadata()
-""",
-    ),
-)
-TEXT_EDITS[_FA3_REPLAY] = (
-    TextEdit(
-        _FA3_REPLAY,
-        old="""\
-        \"\"\"Initialize forward metadata for replaying CUDA graph.\"\"\"
-        seq_lens = seq_lens[:bs]
-""",
-        new="""\
-        \"\"\"Initialize forward metadata for replaying CUDA graph.\"\"\"
-        if seq_lens_cpu is None:
-            # No host mirror (needs_cpu_seq_lens is False): build it on the device.
-            return self.replay_spec_metadata_from_device(
-                bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode,
-                spec_info, out_cache_loc,
-            )
-        seq_lens = seq_lens[:bs]
-""",
-    ),
-)
-
-#: What the commit message says about each text edit (the patch differs from the plugin there).
-TEXT_EDIT_NOTES: dict[str, str] = {
-    _RUN_BATCH: (
-        "The plugin wraps Scheduler.run_batch and delegates every other batch to the stock "
-        "method; this patch makes the same change inside the stock method: it dispatches "
-        "spec-v2 overlap batches to forward_spec_v2_overlap before a worker batch is built, "
-        "and drops the spec-v2 lines of the overlap branch, which no batch reaches any more."
-    ),
-    _FA3_INIT: (
-        "The plugin wraps FlashAttentionBackend.init_forward_metadata and delegates to the "
-        "stock method with the stand-in in place; this patch inserts the same lines at the "
-        "top of the method, which then calls itself with the stand-in."
-    ),
-    _FA3_REPLAY: (
-        "The plugin wraps FlashAttentionBackend.init_forward_metadata_replay_cuda_graph and "
-        "delegates to the stock method when the batch has a host mirror; this patch inserts "
-        "the same check at the top of the method."
-    ),
-}
 
 
 # ----------------------------------------------------------------------------- locating code
@@ -593,7 +429,7 @@ def _bound_names(node: ast.stmt) -> set[str]:
 
 
 def _text_edit(text: str, target: Target) -> str:
-    edits = TEXT_EDITS.get(target.path)
+    edits = target.edits
     if not edits:
         raise SeriesError(f"{target.path}: a {target.kind} target needs a declared text edit")
     cls, attr = _split_name(target)
@@ -670,8 +506,8 @@ def commit_message(bp: Backport, date: str, series: Sequence[Backport]) -> str:
         text = found[0][len(label):].strip()
         body.append(_prose(text[:1].upper() + text[1:]))
     for target in bp.targets:
-        if target.path in TEXT_EDIT_NOTES:
-            body.append(_prose(TEXT_EDIT_NOTES[target.path]))
+        if target.edit_note:
+            body.append(_prose(target.edit_note))
     guards = [t.name for t in bp.targets if t.kind == GUARD]
     if guards:
         body.append(_prose(

@@ -33,6 +33,9 @@ WRAPPED = {
     f"{_FA3}.init_forward_metadata_replay_cuda_graph": [
         "return self.replay_spec_metadata_from_device(",
     ],
+    "sglang.srt.server_args:ServerArgs._handle_speculative_decoding": [
+        "if self.speculative_eagle_topk > 1 and not self.disable_overlap_schedule:",
+    ],
 }
 
 
@@ -95,26 +98,29 @@ def test_wrapped_targets_are_the_declared_exceptions(series, patched):
 
     The plugin *wraps* them and delegates to the stock method, which it receives as a
     keyword default. A source patch has no stock method to delegate to, so the patch edits
-    the stock method instead (``series_tools.TEXT_EDITS``):
+    the stock method instead (the edits each wrap target declares, ``Target.edits``):
 
     * ``Scheduler.run_batch``: dispatches spec-v2 overlap batches to
       ``forward_spec_v2_overlap`` and drops the spec-v2 lines that no batch reaches any more;
     * FA3's ``init_forward_metadata``: a batch without the host mirror gets the stand-in and
       the method calls itself;
     * FA3's ``init_forward_metadata_replay_cuda_graph``: a batch without the host mirror is
-      built on the device.
+      built on the device;
+    * ``ServerArgs._handle_speculative_decoding``: an auto-chosen tree goes to spec v1 right
+      after the auto choice.
 
     What can be checked is that every edit is there, and the rest of the method is stock.
     """
-    assert sorted(t.path for t in _targets(series, "wrap")) == sorted(WRAPPED)
-    assert set(series_tools.TEXT_EDITS) == set(WRAPPED)
+    wrapped = {t.path: t for t in _targets(series, "wrap")}
+    assert sorted(wrapped) == sorted(WRAPPED)
+    assert all(t.edits and t.edit_note for t in wrapped.values())
     sources = series_tools.patched_function_sources(patched, series)
     for path, lines in WRAPPED.items():
         source = sources[path]
         assert source is not None, path
         for line in lines:
             assert line in source, (path, line)
-        for edit in series_tools.TEXT_EDITS[path]:
+        for edit in wrapped[path].edits:
             assert edit.new in source and (edit.old not in source or edit.old in edit.new)
     assert "batch.seq_lens = batch_result.next_draft_input.new_seq_lens" not in sources[RUN_BATCH]
 
@@ -133,7 +139,7 @@ def test_fa3_text_edits_insert_the_plugins_own_check():
         assert len(body) == 3 and isinstance(body[1], ast.If) and isinstance(body[2], ast.Return)
         lines = source.splitlines()[body[1].lineno - 1 : body[1].end_lineno]
         plugin = textwrap.dedent("\n".join(lines)).replace(f"_stock_{name}(self, ", f"self.{name}(")
-        (edit,) = series_tools.TEXT_EDITS[f"{_FA3}.{name}"]
+        (edit,) = {t.path: t for t in fa3.BACKPORT.targets}[f"{_FA3}.{name}"].edits
         inserted = textwrap.dedent("\n".join(edit.new.splitlines()[1:-1]))
         assert inserted == plugin, name
 

@@ -277,9 +277,9 @@ def test_tree_variant_carries_the_series(tree_site, sglang_loaded, tmp_path):
             assert installed[t.path] is None, t.path
         else:
             assert series_tools.normalized_text(installed[t.path] or "") != want, t.path
-    for path, edits in series_tools.TEXT_EDITS.items():
-        for edit in edits:
-            assert edit.new in series_tools.module_file(tree_site.parent, path.split(":")[0]).read_text()
+    for t in last.values():
+        for edit in t.edits:
+            assert edit.new in series_tools.module_file(tree_site.parent, t.owner).read_text()
 
 
 def test_tree_site_falls_back_to_patch(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ SERIES: tuple[str, ...] = (
     "fused_gather",
     "pcg_no_mirror",
     "fa3_device_page_table",
+    "auto_tree_spec_v1",
 )
 
 

@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_futuremap_patch._engine import ABSENT, Backport, Target
+from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
 
 #: Columns of the page table one program fills.
 PAGE_TABLE_BLOCK = 512
@@ -331,6 +331,59 @@ def replay_spec_metadata_from_device(
 
 _FA = "sglang.srt.layers.attention.flashattention_backend"
 
+# FA3's two metadata entry points (fa3_device_page_table): the plugin wraps them, checks for a
+# missing host mirror and delegates to SGLang's method; the patch puts the same check at the
+# top of the method, where "delegate" is a call to itself with the mirror (or the stand-in).
+INIT_EDITS = (
+    TextEdit(
+        old="""\
+        \"\"\"Initialize forward metadata hence all layers in the forward pass can reuse it.\"\"\"
+        metadata = FlashAttentionMetadata()
+""",
+        new="""\
+        \"\"\"Initialize forward metadata hence all layers in the forward pass can reuse it.\"\"\"
+        if forward_batch.seq_lens_cpu is None:
+            # No host mirror (needs_cpu_seq_lens is False): the metadata below reads the host
+            # maximum only to size the page table; give it a stand-in. A draft extend without
+            # the mirror has no host prefix lengths either (back-port 4); SGLang tests them
+            # only for "any nonzero?", ahead of "or is_draft_extend", which is true here, so
+            # an empty list takes the same branch.
+            no_prefix_lens = forward_batch.extend_prefix_lens_cpu is None
+            forward_batch.seq_lens_cpu = self.host_seq_lens_stand_in(forward_batch)
+            if no_prefix_lens:
+                forward_batch.extend_prefix_lens_cpu = []
+            try:
+                return self.init_forward_metadata(forward_batch)
+            finally:
+                forward_batch.seq_lens_cpu = None
+                if no_prefix_lens:
+                    forward_batch.extend_prefix_lens_cpu = None
+        metadata = FlashAttentionMetadata()
+""",
+    ),
+)
+REPLAY_EDITS = (
+    TextEdit(
+        old="""\
+        \"\"\"Initialize forward metadata for replaying CUDA graph.\"\"\"
+        seq_lens = seq_lens[:bs]
+""",
+        new="""\
+        \"\"\"Initialize forward metadata for replaying CUDA graph.\"\"\"
+        if seq_lens_cpu is None:
+            # No host mirror (needs_cpu_seq_lens is False): build it on the device.
+            return self.replay_spec_metadata_from_device(
+                bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode,
+                spec_info, out_cache_loc,
+            )
+        seq_lens = seq_lens[:bs]
+""",
+    ),
+)
+
+#: What the commit message says about each text edit (the patch differs from the plugin there).
+
+
 BACKPORT = Backport(
     id="fa3-device-page-table",
     title="[Spec] FA3 builds spec-v2 page tables on the device and drops the seq_lens mirror",
@@ -356,10 +409,21 @@ BACKPORT = Backport(
                replay_spec_metadata_from_device, expected=ABSENT),
         Target(_FA, "FlashAttentionBackend.init_forward_metadata", init_forward_metadata,
                expected="397c5f4a9b6b1f2e", kind="wrap",
-               original_arg="_stock_init_forward_metadata"),
+               original_arg="_stock_init_forward_metadata", edits=INIT_EDITS,
+               edit_note=(
+        "The plugin wraps FlashAttentionBackend.init_forward_metadata and delegates to the "
+        "stock method with the stand-in in place; this patch inserts the same lines at the "
+        "top of the method, which then calls itself with the stand-in."
+               )),
         Target(_FA, "FlashAttentionBackend.init_forward_metadata_replay_cuda_graph",
                init_forward_metadata_replay_cuda_graph, expected="359046ba3c547e2b",
-               kind="wrap", original_arg="_stock_init_forward_metadata_replay_cuda_graph"),
+               kind="wrap", original_arg="_stock_init_forward_metadata_replay_cuda_graph",
+               edits=REPLAY_EDITS,
+               edit_note=(
+        "The plugin wraps FlashAttentionBackend.init_forward_metadata_replay_cuda_graph and "
+        "delegates to the stock method when the batch has a host mirror; this patch inserts "
+        "the same check at the top of the method."
+               )),
         Target(_FA, "FlashAttentionMultiStepBackend.needs_cpu_seq_lens",
                multi_step_needs_cpu_seq_lens, expected=ABSENT),
     ),

@@ -31,7 +31,7 @@ import torch
 from sglang.srt.managers.overlap_utils import FutureIndices
 from sglang.srt.speculative.spec_utils import spec_need_hidden_states
 
-from sglang_futuremap_patch._engine import ABSENT, Backport, Target
+from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
 
 logger = logging.getLogger("sglang_futuremap_patch")
 
@@ -374,6 +374,75 @@ _OVERLAP = "sglang.srt.managers.overlap_utils"
 _SCHEDULER = "sglang.srt.managers.scheduler"
 _DISAGG = "sglang.srt.disaggregation.decode_schedule_batch_mixin"
 
+#: ``Scheduler.run_batch`` as a source change. The plugin's wrapper (publish_stash.run_batch)
+#: does the stock head bookkeeping (forward_ct, profiler, sleep), runs
+#: ``forward_spec_v2_overlap`` for spec-v2 overlap batches (never prebuilt ones: the stock
+#: method returns for those before it gets here) and then the stock tail (logprob lengths,
+#: elastic-EP rank report). Inside the stock method that is: skip building a worker batch
+#: (forward_spec_v2_overlap builds it once seq_lens are fresh), dispatch, and drop the
+#: spec-v2 lines of the overlap branch, which no batch reaches any more. Every other path
+#: is left byte for byte as it was. ``batch.output_ids`` is already set by
+#: forward_spec_v2_overlap; the stock tail assigns the same object again.
+RUN_BATCH_EDITS = (
+    TextEdit(
+        old="""\
+        if self.is_generation:
+            if self.spec_algorithm.is_none() or self.enable_overlap:
+                # In most cases, we use the model worker batch to run the forward.
+""",
+        new="""\
+        if self.is_generation:
+            # Spec v2 overlap relays seq_lens and the draft state through the FutureMap
+            # (publish/stash) and builds its worker batch once seq_lens are fresh.
+            spec_v2_overlap = self.enable_overlap and batch.is_spec_v2
+            if spec_v2_overlap:
+                worker_batch_or_batch = None
+            elif self.spec_algorithm.is_none() or self.enable_overlap:
+                # In most cases, we use the model worker batch to run the forward.
+""",
+    ),
+    TextEdit(
+        old="""\
+                worker_batch_or_batch = batch
+
+            if self.enable_overlap:
+                model_worker_batch = worker_batch_or_batch
+""",
+        new="""\
+                worker_batch_or_batch = batch
+
+            if spec_v2_overlap:
+                # Also sets batch.spec_info and batch.output_ids.
+                batch_result = self.forward_spec_v2_overlap(batch)
+                future_indices_or_next_token_ids = batch.output_ids
+            elif self.enable_overlap:
+                model_worker_batch = worker_batch_or_batch
+""",
+    ),
+    TextEdit(
+        old="""\
+                future_indices_or_next_token_ids = -future_indices.indices
+
+                if batch.is_spec_v2:
+                    # FIXME(lsyin): tmp code for spec v2
+                    # We only keep future indices for next draft input
+
+                    batch.spec_info = batch_result.next_draft_input
+                    batch.spec_info.future_indices = future_indices
+
+                    # The future value, usually for next batch preparation
+                    # Current implementation strictly synchronizes the seq_lens
+                    batch.seq_lens = batch_result.next_draft_input.new_seq_lens
+            elif self.enable_pdmux and batch.forward_mode.is_split_prefill():
+""",
+        new="""\
+                future_indices_or_next_token_ids = -future_indices.indices
+            elif self.enable_pdmux and batch.forward_mode.is_split_prefill():
+""",
+    ),
+)
+
+
 BACKPORT = Backport(
     id="publish-stash",
     title="[Spec] Relay spec-v2 state through a pool-indexed FutureMap (publish/stash)",
@@ -396,7 +465,13 @@ BACKPORT = Backport(
         Target(_SCHEDULER, "Scheduler.forward_spec_v2_overlap", forward_spec_v2_overlap,
                expected=ABSENT),
         Target(_SCHEDULER, "Scheduler.run_batch", run_batch, expected="4e38123ed096306f",
-               kind="wrap", original_arg="_stock_run_batch"),
+               kind="wrap", original_arg="_stock_run_batch", edits=RUN_BATCH_EDITS,
+               edit_note=(
+        "The plugin wraps Scheduler.run_batch and delegates every other batch to the stock "
+        "method; this patch makes the same change inside the stock method: it dispatches "
+        "spec-v2 overlap batches to forward_spec_v2_overlap before a worker batch is built, "
+        "and drops the spec-v2 lines of the overlap branch, which no batch reaches any more."
+               )),
         Target(_DISAGG, "ScheduleBatchDisaggregationDecodeMixin.process_prebuilt",
                process_prebuilt, expected="9228da9a0da63b14"),
     ),
