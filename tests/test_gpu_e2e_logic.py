@@ -42,7 +42,8 @@ def test_matrix_covers_every_combination_once() -> None:
     assert {(c.algorithm, c.backend, c.pcg) for c in tp2} == {("EAGLE3", "triton", False),
                                                               ("STANDALONE", "flashinfer", True),
                                                               ("STANDALONE", "default", True)}
-    assert [c.name for c in e2e.all_cases() if c.server] == ["http-eagle3-triton-graph-nopcg"]
+    assert [c.name for c in e2e.all_cases() if c.server] == ["http-eagle3-triton-graph-nopcg",
+                                                               "tree-auto-eagle3-http-default"]
     assert len({c.name for c in e2e.all_cases()}) == len(e2e.all_cases())
 
 
@@ -887,3 +888,64 @@ def test_a_mistyped_shard_is_one_line(capsys: pytest.CaptureFixture[str]) -> Non
         assert e2e.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("gpu_e2e.py: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_tree_cases_launch_the_auto_tree_against_stock_given_it_explicitly(tmp_path: Path) -> None:
+    """The patched run names no steps / topk / draft tokens (SGLang auto-picks its tree); its
+    stock oracle names the same tree, and the backend the auto launch ends up with."""
+    cases = e2e.select_cases(None, groups=["tree"])
+    assert [c.name for c in cases] == ["tree-auto-eagle3-default", "tree-auto-eagle3-triton-graph-nopcg",
+                                       "tree-auto-eagle3-triton-eos", "tree-auto-eagle3-http-default"]
+    spec_keys = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+    for case in cases:
+        assert case.spec_v1 and case.algorithm == "EAGLE3"
+        patched = e2e.engine_kwargs(case, tmp_path)
+        stock = e2e.engine_kwargs(case, tmp_path, stock=True)
+        assert [patched[k] for k in spec_keys] == [None, None, None]
+        assert [stock[k] for k in spec_keys] == [5, 4, 8]
+        differ = {k for k in set(patched) | set(stock) if patched.get(k) != stock.get(k)}
+        if case.backend == "default":
+            assert "attention_backend" not in patched and stock["attention_backend"] == "fa3"
+            assert case.needs_fa3 and differ == set(spec_keys) | {"attention_backend"}
+        else:
+            assert differ == set(spec_keys)
+    http = cases[-1]
+    argv = e2e.server_argv(e2e.engine_kwargs(http, tmp_path), 31000)
+    assert "--speculative-eagle-topk" not in argv and "--attention-backend" not in argv  # as a user launches it
+    stock_argv = e2e.server_argv(e2e.engine_kwargs(http, tmp_path, stock=True), 31000)
+    assert stock_argv[stock_argv.index("--speculative-eagle-topk") + 1] == "4"
+
+
+def test_spec_v1_cases_check_the_resolved_arguments_and_the_line_not_verify_done() -> None:
+    case = e2e.select_cases(["tree-auto-eagle3-default"])[0]
+    scs = [{"name": "r", "kind": "batch", "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True}]}]
+    eff = {"attention_backend": "fa3", "disable_overlap_schedule": True, "disable_piecewise_cuda_graph": False,
+           "speculative_num_steps": 5, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8}
+
+    def run(mode: str, effective: dict[str, Any], lines: int = 1) -> dict[str, Any]:
+        res = {"pid": 10, "effective": effective, "scenarios": {"r": {"outputs": [_rec([1, 2])]}}}
+        side = _fake_run(res, applied=() if mode == "off" else (10, 11), disabled=2 if mode == "off" else 0)
+        side["log"].auto_tree_lines = 0 if mode == "off" else lines
+        return side
+
+    # Spec v1 on both sides: neither scheduler waits on verify_done, and that is right.
+    assert all(c.ok for c in e2e.evaluate_case(case, scs, run("off", eff), run("strict", eff)))
+    bad = {
+        "still on spec v2": dict(eff, disable_overlap_schedule=False),
+        "another backend": dict(eff, attention_backend="flashinfer"),
+        "another tree": dict(eff, speculative_num_draft_tokens=16),
+    }
+    for why, effective in bad.items():
+        checks = e2e.evaluate_case(case, scs, run("off", eff), run("strict", effective))
+        assert not all(c.ok for c in checks), why
+    for lines in (0, 2):
+        assert not all(c.ok for c in e2e.evaluate_case(case, scs, run("off", eff), run("strict", eff, lines)))
+
+
+def test_the_auto_tree_line_is_counted_not_reported_as_a_plugin_warning() -> None:
+    from sglang_futuremap_patch.backports.auto_tree_spec_v1 import MESSAGE
+
+    line = ("[2026-11-23 22:26:30 WARNING pid=746] sglang_futuremap_patch: "
+            + MESSAGE % ("EAGLE3", 5, 4, 8))
+    found = smoke.scan_log(line + "\n[2026-11-23 22:26:31 WARNING pid=746] sglang_futuremap_patch: other\n")
+    assert found.auto_tree_lines == 1 and len(found.bad_lines) == 1 and "other" in found.bad_lines[0]
