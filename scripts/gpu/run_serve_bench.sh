@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Serving benchmark as users measure it: stock and patched `python -m sglang.launch_server`
+# (8B-shaped dummy target, 1-layer STANDALONE draft, 3/1/4, a word-level tokenizer) against
+# SGLang's own `python -m sglang.bench_serving` (offline dataset, ignore_eos), fresh servers,
+# alternating order. Arguments go to scripts/gpu_serve_bench.py (see its --help).
+#
+#   bash scripts/gpu/run_serve_bench.sh --boots 1 --first-boot 0 --concurrency 1,8,16,32,48   # one pair per call
+#   bash scripts/gpu/run_serve_bench.sh --boots 1 --first-boot 1 --concurrency 1,8,16,32,48   # the next, other order
+#   bash scripts/gpu/run_serve_bench.sh --backend triton --boots 1
+#   bash scripts/gpu/run_serve_bench.sh --server-arg=--cuda-graph-max-bs --server-arg=8 --concurrency 24   # eager batches
+#
+# The default backend (none named: FA3 + piecewise CUDA graph on Hopper) needs FA3 staged first
+# (../shared/gpu/README.md). One stock/patched pair with 5 concurrencies takes ~8 min on an H100.
+# Results under ${OUT:-./gpu-out}: serve-bench.json, serve-bench.md, logs/, bench/. Join the
+# records of several calls on your machine:
+#   python3 scripts/gpu_serve_bench.py --merge a/serve-bench.json b/serve-bench.json > results/serve-bench/README.md
+set -uo pipefail
+
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+    sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 0
+fi
+
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_enter_repo
+
+gpu_use_bundle "${SERVE_SITE:-/tmp/site312}"
+gpu_install_plugin "${SERVE_SKIP_INSTALL:-0}" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+
+python3 scripts/gpu_serve_bench.py --out "$OUT" "$@"

@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""Serving benchmark as users run it: ``sglang.launch_server`` + SGLang's own ``bench_serving``.
+
+Stock (``SGLANG_FUTUREMAP_PATCH=off``) and patched (``strict``) servers are started exactly as a
+user starts them (``python -m sglang.launch_server``; ``--backend default`` names no attention
+backend: FA3 + piecewise CUDA graph on Hopper), on an 8B-shaped dummy-weight Llama target with a
+1-layer STANDALONE draft (3 steps, topk 1, 4 draft tokens) and a word-level tokenizer. Each boot
+is a fresh server; boots alternate their order (stock first, then patched first, ...). Against
+each server ``python -m sglang.bench_serving`` runs once per ``--max-concurrency`` (offline
+dataset ``random-ids`` or ``generated-shared-prefix``, ``ignore_eos``). Per cell the record keeps
+every boot's p50 / p99 TTFT, TPOT and ITL, output tok/s and accept length, plus SGLang's own
+forward occupancy (``SGLANG_ENABLE_METRICS_DEVICE_TIMER=1``: the ``fwd occupancy`` of the
+decode log lines written during that run, the value ``sglang:fwd_occupancy`` exports); the
+summary is the median over boots with the spread, and patched / stock.
+
+    python3 scripts/gpu_serve_bench.py --out OUT --boots 3 --concurrency 1,4,8,13,16,32,45,48
+    python3 scripts/gpu_serve_bench.py --out OUT --backend triton --boots 1 --concurrency 1,8
+    python3 scripts/gpu_serve_bench.py --merge a.json b.json > results/serve-bench/README.md
+
+``--merge`` joins the records of several calls (one boot pair each fits a 10-minute device
+call) into one summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+#: bench_serving imports ``datasets`` at module level; the GPU box has none (offline datasets only).
+DATASETS_STAND_IN = ROOT / "tests" / "gpu" / "kits" / "stand_ins"
+BACKENDS = {"default": (), "triton": ("--attention-backend", "triton"),
+            "flashinfer": ("--attention-backend", "flashinfer"), "fa3": ("--attention-backend", "fa3")}
+MODES = {"stock": "off", "patched": "strict"}
+SPEC_ARGS = ("--speculative-algorithm", "STANDALONE", "--speculative-num-steps", "3",
+             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+#: Per-cell values, as bench_serving names them (lower is better for the latency ones).
+LATENCY_KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms")
+OTHER_KEYS = ("output_throughput", "accept_length", "fwd_occupancy")
+_OCCUPANCY = re.compile(r"fwd occupancy: ([0-9.]+)%")
+
+
+def parse_int_list(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
+
+
+def boot_order(variants: Sequence[str], boot: int) -> list[str]:
+    """Variants in the order boot ``boot`` starts them: alternating, so neither side always
+    gets the first (cold) slot."""
+    return list(variants) if boot % 2 == 0 else list(reversed(variants))
+
+
+def num_prompts(concurrency: int, rounds: int, floor: int) -> int:
+    """Requests per cell: ``rounds`` full waves at that concurrency, at least ``floor``."""
+    return max(concurrency * rounds, floor)
+
+
+def server_argv(model: str, draft: str, backend: str, port: int, extra: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--load-format", "dummy",
+            "--speculative-draft-model-path", draft, *SPEC_ARGS, *BACKENDS[backend],
+            "--host", "127.0.0.1", "--port", str(port), "--enable-metrics", "--random-seed", "0", *extra]
+
+
+def bench_argv(model: str, port: int, concurrency: int, prompts: int, out_file: Path, args: argparse.Namespace) -> list[str]:
+    argv = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1",
+            "--port", str(port), "--tokenizer", model, "--model", model, "--num-prompts", str(prompts),
+            "--max-concurrency", str(concurrency), "--output-file", str(out_file), "--disable-tqdm",
+            "--seed", str(args.seed), "--warmup-requests", "1"]
+    if args.dataset == "random-ids":
+        argv += ["--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
+                 "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0"]
+    else:
+        argv += ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(max(1, prompts // 8)),
+                 "--gsp-prompts-per-group", "8", "--gsp-system-prompt-len", str(args.input_len),
+                 "--gsp-question-len", "64", "--gsp-output-len", str(args.output_len)]
+    return argv
+
+
+def occupancy(log_text: str) -> float | None:
+    """Median forward occupancy (percent) of the decode log lines in ``log_text``."""
+    values = [float(v) for v in _OCCUPANCY.findall(log_text)]
+    values = [v for v in values if v == v]  # nan before the first window
+    return statistics.median(values) if values else None
+
+
+def cell_values(bench: dict[str, Any], occ: float | None) -> dict[str, Any]:
+    out = {k: bench.get(k) for k in (*LATENCY_KEYS, "output_throughput", "accept_length", "completed")}
+    out["fwd_occupancy"] = occ
+    return out
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any] | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median over boots per (variant, concurrency) and key; ``ratio`` = how much better
+    patched is (stock / patched for latencies, patched / stock for throughput)."""
+    cells: dict[str, dict[int, dict[str, list[float | None]]]] = {}
+    for run in runs:
+        for c, vals in run["cells"].items():
+            slot = cells.setdefault(run["variant"], {}).setdefault(int(c), {})
+            for k, v in vals.items():
+                slot.setdefault(k, []).append(v)
+    summary: dict[str, Any] = {"variants": {}, "ratio": {}}
+    for variant, by_c in cells.items():
+        summary["variants"][variant] = {c: {k: spread(v) for k, v in d.items()} for c, d in sorted(by_c.items())}
+    stock, patched = summary["variants"].get("stock", {}), summary["variants"].get("patched", {})
+    for c in sorted(set(stock) & set(patched)):
+        row = {}
+        for k in (*LATENCY_KEYS, "output_throughput"):
+            s, p = stock[c].get(k), patched[c].get(k)
+            if s and p and s["median"] and p["median"]:
+                row[k] = s["median"] / p["median"] if k in LATENCY_KEYS else p["median"] / s["median"]
+        summary["ratio"][c] = row
+    return summary
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """Markdown: one row per concurrency, stock -> patched medians and how much better patched is."""
+    cols = [("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"), ("median_tpot_ms", "TPOT p50"),
+            ("p99_tpot_ms", "TPOT p99"), ("median_itl_ms", "ITL p50"), ("p99_itl_ms", "ITL p99"),
+            ("output_throughput", "out tok/s")]
+    head = "| conc | " + " | ".join(name for _, name in cols) + " | accept | fwd occupancy |"
+    lines = [head, "|" + "---|" * (len(cols) + 3)]
+    stock, patched = summary["variants"].get("stock", {}), summary["variants"].get("patched", {})
+
+    def med(d: dict[str, Any], k: str) -> float | None:
+        return (d.get(k) or {}).get("median")
+
+    for c in sorted(set(stock) & set(patched)):
+        cells = []
+        for k, _ in cols:
+            s, p, r = med(stock[c], k), med(patched[c], k), summary["ratio"][c].get(k)
+            cells.append("-" if s is None or p is None else f"{s:.1f} -> {p:.1f} (x{r:.3f})")
+        acc = [med(stock[c], "accept_length"), med(patched[c], "accept_length")]
+        occ = [med(stock[c], "fwd_occupancy"), med(patched[c], "fwd_occupancy")]
+        fmt = lambda pair, spec: " / ".join("-" if v is None else format(v, spec) for v in pair)  # noqa: E731
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {fmt(acc, '.2f')} | {fmt(occ, '.1f')}% |")
+    return "\n".join(lines)
+
+
+def worse_cells(summary: dict[str, Any], tolerance: float = 0.03) -> list[str]:
+    """Cells where a latency is more than ``tolerance`` worse patched than stock."""
+    out = []
+    for c, row in sorted(summary["ratio"].items()):
+        for k in LATENCY_KEYS:
+            r = row.get(k)
+            if r is not None and r < 1 / (1 + tolerance):
+                out.append(f"conc {c} {k}: x{r:.3f}")
+    return out
+
+
+# ----------------------------------------------------------------------------- GPU side
+
+
+def http_ok(url: str, timeout: float = 5) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except Exception:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        except Exception:
+            pass
+
+
+def make_models(root: Path) -> tuple[str, str]:
+    """The 8B-shaped target and its 1-layer draft (config.json + a word-level tokenizer)."""
+    import bench_spec_v2
+    from make_tiny_models import write_tokenizer
+
+    target, draft = bench_spec_v2.write_model_dirs("8b", root)
+    vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
+    for d in (target, draft):
+        write_tokenizer(Path(d), vocab)
+    return target, draft
+
+
+def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.Namespace, deadline: float,
+               port: int) -> dict[str, Any]:
+    tag = f"{variant}-boot{boot}"
+    log_path = args.out / "logs" / f"{tag}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, SGLANG_FUTUREMAP_PATCH=MODES[variant], SGLANG_ENABLE_METRICS_DEVICE_TIMER="1",
+               PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(DATASETS_STAND_IN), env.get("PYTHONPATH", "")])
+    argv = server_argv(target, draft, args.backend, port, args.server_arg)
+    run: dict[str, Any] = {"variant": variant, "boot": boot, "cells": {}, "error": None}
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        while not http_ok(f"{base}/health_generate"):
+            if proc.poll() is not None:
+                run["error"] = f"server exited with {proc.returncode} before it was ready"
+                return run
+            if time.monotonic() > deadline:
+                run["error"] = "cut off by --budget while starting"
+                return run
+            time.sleep(2)
+        run["start_s"] = round(time.monotonic() - t0, 1)
+        applied = "sglang_futuremap_patch: applied" in log_path.read_text(errors="replace")
+        run["plugin_applied"] = applied
+        if applied != (variant == "patched"):
+            # A stock server that got patched, or a patched one that did not: no comparison.
+            run["error"] = f"{variant} server: plugin {'applied' if applied else 'not applied'}"
+            return run
+        for c in args.concurrency:
+            if time.monotonic() > deadline:
+                run["error"] = f"cut off by --budget before concurrency {c}"
+                break
+            out_file = args.out / "bench" / f"{tag}-c{c}.jsonl"
+            out_file.parent.mkdir(parents=True, exist_ok=True)
+            mark = log_path.stat().st_size
+            prompts = num_prompts(c, args.rounds, args.min_prompts)
+            bench = subprocess.run(bench_argv(target, port, c, prompts, out_file, args), env=env,
+                                   capture_output=True, text=True, timeout=max(60, deadline - time.monotonic()))
+            if bench.returncode != 0 or not out_file.exists():
+                run["error"] = f"bench_serving failed at concurrency {c}: {bench.stderr[-500:]}"
+                break
+            with open(log_path, errors="replace") as f:
+                f.seek(mark)
+                window = f.read()
+            result = json.loads(out_file.read_text().strip().splitlines()[-1])
+            run["cells"][c] = cell_values(result, occupancy(window))
+            print(f"   {tag} c={c}: TTFT p50 {result.get('median_ttft_ms'):.1f} ms, TPOT p50 "
+                  f"{result.get('median_tpot_ms'):.2f} ms, {result.get('output_throughput'):.0f} tok/s", flush=True)
+    except subprocess.TimeoutExpired:
+        run["error"] = "bench_serving cut off by --budget"
+    finally:
+        stop_group(proc)
+    return run
+
+
+def environment(args: argparse.Namespace) -> dict[str, Any]:
+    import gpu_engine as ge
+
+    try:
+        import sglang
+
+        version = sglang.__version__
+    except Exception as exc:  # informative only
+        version = f"unknown ({type(exc).__name__})"
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "gpu": ge.gpu_name(), "sglang": version,
+            "command": "python3 scripts/gpu_serve_bench.py " + " ".join(
+                a if not str(a).startswith(str(args.out)) else "OUT" for a in sys.argv[1:]),
+            "config": {"model": "8B-shaped Llama, dummy weights; 1-layer STANDALONE draft, 3/1/4",
+                       "backend": args.backend, "server_args": list(args.server_arg), "dataset": args.dataset,
+                       "input_len": args.input_len, "output_len": args.output_len, "rounds": args.rounds,
+                       "min_prompts": args.min_prompts, "concurrency": args.concurrency, "boots": args.boots}}
+
+
+def merge(paths: Sequence[Path]) -> str:
+    docs = [json.loads(p.read_text()) for p in paths]
+    runs = [r for d in docs for r in d["runs"] if not r.get("error") or r["cells"]]
+    summary = summarize(runs)
+    env = docs[0]["environment"]
+    worse = worse_cells(summary)
+    lines = [f"Serving benchmark, {env['date']}, {env['gpu']}, SGLang {env['sglang']}, backend "
+             f"{env['config']['backend']} {' '.join(env['config']['server_args'])}".rstrip(), "",
+             f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
+             "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
+             "Latency cells more than 3% worse patched: " + ("; ".join(worse) if worse else "none")]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--out", type=Path, help="folder for serve-bench.json, serve-bench.md, logs/ and bench/")
+    p.add_argument("--backend", choices=sorted(BACKENDS), default="default")
+    p.add_argument("--variants", default="stock,patched")
+    p.add_argument("--boots", type=int, default=3, help="fresh servers per variant")
+    p.add_argument("--concurrency", type=parse_int_list, default=parse_int_list("1,4,8,13,16,32,45,48"))
+    p.add_argument("--dataset", choices=("random-ids", "generated-shared-prefix"), default="random-ids")
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=3, help="requests per cell = rounds x concurrency ...")
+    p.add_argument("--min-prompts", type=int, default=12, help="... but at least this many")
+    p.add_argument("--server-arg", action="append", default=[], help="one more launch_server flag (repeatable)")
+    p.add_argument("--first-boot", type=int, default=0, help="index of the first boot (to alternate across calls)")
+    p.add_argument("--budget", type=float, default=540, help="seconds for the whole run; a cut-off is recorded")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--port", type=int, default=31200)
+    p.add_argument("--merge", nargs="+", type=Path, help="print the summary of these records instead")
+    args = p.parse_args(argv)
+    if args.merge:
+        missing = [str(m) for m in args.merge if not m.is_file()]
+        if missing:
+            print(f"error: no such record: {', '.join(missing)}", file=sys.stderr)
+            return 2
+        sys.stdout.write(merge(args.merge))
+        return 0
+    if args.out is None:
+        p.error("--out is required (or --merge)")
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in MODES]
+    if unknown:
+        p.error(f"unknown variant(s) {unknown}; choose from {sorted(MODES)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.budget
+    target, draft = make_models(args.out / "models")
+    doc = {"environment": environment(args), "runs": []}
+    record = args.out / "serve-bench.json"
+    for boot in range(args.first_boot, args.first_boot + args.boots):
+        for variant in boot_order(variants, boot):
+            print(f"== {variant}, boot {boot}", flush=True)
+            run = run_server(variant, boot, target, draft, args, deadline, args.port + 10 * boot)
+            doc["runs"].append(run)
+            record.write_text(json.dumps(doc, indent=1) + "\n")
+            if run["error"]:
+                print(f"   {variant} boot {boot}: {run['error']}", flush=True)
+    summary = summarize([r for r in doc["runs"] if r["cells"]])
+    doc["summary"] = summary
+    record.write_text(json.dumps(doc, indent=1) + "\n")
+    (args.out / "serve-bench.md").write_text(merge([record]))
+    print(format_table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

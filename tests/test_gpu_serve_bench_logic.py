@@ -1,0 +1,85 @@
+"""CPU tests of the serving benchmark's harness (scripts/gpu_serve_bench.py): the launch and
+bench_serving command lines go through SGLang's own parsers, and the summary math."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import gpu_serve_bench as sb  # noqa: E402
+
+
+def test_boots_alternate_and_cells_get_enough_requests() -> None:
+    assert [sb.boot_order(["stock", "patched"], b) for b in range(3)] == [
+        ["stock", "patched"], ["patched", "stock"], ["stock", "patched"]]
+    assert sb.num_prompts(1, 3, 12) == 12 and sb.num_prompts(48, 3, 12) == 144
+
+
+def test_server_command_is_a_users_launch_that_sglang_parses(sglang_loaded) -> None:
+    from sglang.srt.server_args import ServerArgs
+
+    argv = sb.server_argv("/m/target", "/m/draft", "default", 31200)
+    assert argv[1:3] == ["-m", "sglang.launch_server"] and "--attention-backend" not in argv
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(argv[3:])
+    assert (ns.speculative_algorithm, ns.speculative_num_steps, ns.speculative_eagle_topk,
+            ns.speculative_num_draft_tokens) == ("STANDALONE", 3, 1, 4)
+    assert ns.attention_backend is None and ns.enable_metrics and ns.port == 31200
+    triton = parser.parse_args(sb.server_argv("/m/t", "/m/d", "triton", 1, ["--cuda-graph-max-bs", "8"])[3:])
+    assert triton.attention_backend == "triton" and triton.cuda_graph_max_bs == 8
+
+
+def test_bench_command_goes_through_bench_servings_parser(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(sb.DATASETS_STAND_IN))  # as the benchmark runs it
+    import sglang.bench_serving as bs
+
+    args = argparse.Namespace(dataset="random-ids", input_len=256, output_len=256, seed=1)
+    argv = sb.bench_argv("/m/target", 31200, 13, 39, tmp_path / "o.jsonl", args)
+    captured = {}
+    monkeypatch.setattr(bs, "run_benchmark", lambda ns: captured.setdefault("ns", ns))
+    monkeypatch.setattr(sys, "argv", ["bench_serving", *argv[3:]])
+    src = Path(bs.__file__).read_text()
+    main = src[src.index('if __name__ == "__main__":'):]
+    exec(compile(main.replace('if __name__ == "__main__":', "if True:"), bs.__file__, "exec"), vars(bs))
+    ns = captured["ns"]
+    assert (ns.dataset_name, ns.max_concurrency, ns.num_prompts, ns.random_input_len, ns.random_range_ratio) == (
+        "random-ids", 13, 39, 256, 1.0)
+
+
+def _run(variant: str, boot: int, ttft: float, tpot: float, tput: float) -> dict:
+    cell = {k: None for k in (*sb.LATENCY_KEYS, *sb.OTHER_KEYS)}
+    cell.update(median_ttft_ms=ttft, p99_ttft_ms=2 * ttft, median_tpot_ms=tpot, output_throughput=tput)
+    return {"variant": variant, "boot": boot, "cells": {"32": cell}, "error": None}
+
+
+def test_summary_is_the_median_of_boots_and_flags_worse_latency(tmp_path: Path) -> None:
+    runs = [_run("stock", 0, 100, 10, 1000), _run("stock", 1, 120, 12, 900), _run("stock", 2, 300, 11, 950),
+            _run("patched", 0, 110, 8, 1200), _run("patched", 1, 118, 9, 1100), _run("patched", 2, 119, 9, 1150)]
+    s = sb.summarize(runs)
+    assert s["variants"]["stock"][32]["median_ttft_ms"] == {"median": 120, "min": 100, "max": 300, "n": 3}
+    ratio = s["ratio"][32]
+    assert ratio["median_ttft_ms"] == pytest.approx(120 / 118) and ratio["median_tpot_ms"] == pytest.approx(11 / 9)
+    assert ratio["output_throughput"] == pytest.approx(1150 / 950)
+    assert sb.worse_cells(s) == []
+    worse = sb.summarize(runs[:3] + [_run("patched", b, 150, 9, 1100) for b in range(3)])
+    assert sb.worse_cells(worse) == ["conc 32 median_ttft_ms: x0.800", "conc 32 p99_ttft_ms: x0.800"]
+    table = sb.format_table(s)
+    assert "| 32 | 120.0 -> 118.0 (x1.017)" in table
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "default", "server_args": []}}, "runs": runs}))
+    assert "Latency cells more than 3% worse patched: none" in sb.merge([doc])
+
+
+def test_occupancy_is_read_from_sglangs_decode_lines() -> None:
+    log = ("Decode batch, #running-req: 32, fwd occupancy: nan%\n"
+           "Decode batch, #running-req: 32, fwd occupancy: 91.50%\nDecode batch, fwd occupancy: 95.50%\n")
+    assert sb.occupancy(log) == pytest.approx(93.5) and sb.occupancy("nothing") is None
