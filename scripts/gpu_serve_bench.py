@@ -48,6 +48,11 @@ BACKENDS = {"default": (), "triton": ("--attention-backend", "triton"),
 MODES = {"stock": "off", "patched": "strict"}
 SPEC_ARGS = ("--speculative-algorithm", "STANDALONE", "--speculative-num-steps", "3",
              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+#: Launch flags every server gets (recorded with the results): with SGLang's default memory
+#: fraction (0.754 on an H100) this model's piecewise CUDA graph capture at 8,192 tokens fails
+#: (CUBLAS_STATUS_EXECUTION_FAILED, stock and patched alike, seen 2026-11-23); the decode
+#: benchmark's values avoid it and keep the start short.
+DEFAULT_SERVER_ARGS = ("--mem-fraction-static", "0.55", "--piecewise-cuda-graph-max-tokens", "1024")
 #: Per-cell values, as bench_serving names them (lower is better for the latency ones).
 LATENCY_KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms")
 OTHER_KEYS = ("output_throughput", "accept_length", "fwd_occupancy")
@@ -75,7 +80,8 @@ def num_prompts(concurrency: int, rounds: int, floor: int) -> int:
 def server_argv(model: str, draft: str, backend: str, port: int, extra: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--load-format", "dummy",
             "--speculative-draft-model-path", draft, *SPEC_ARGS, *BACKENDS[backend],
-            "--host", "127.0.0.1", "--port", str(port), "--enable-metrics", "--random-seed", "0", *extra]
+            "--host", "127.0.0.1", "--port", str(port), "--enable-metrics", "--random-seed", "0",
+            *DEFAULT_SERVER_ARGS, *extra]
 
 
 def bench_argv(model: str, port: int, concurrency: int, prompts: int, out_file: Path, args: argparse.Namespace) -> list[str]:
@@ -276,7 +282,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
             "command": "python3 scripts/gpu_serve_bench.py " + " ".join(
                 a if not str(a).startswith(str(args.out)) else "OUT" for a in sys.argv[1:]),
             "config": {"model": "8B-shaped Llama, dummy weights; 1-layer STANDALONE draft, 3/1/4",
-                       "backend": args.backend, "server_args": list(args.server_arg), "dataset": args.dataset,
+                       "backend": args.backend, "server_args": [*DEFAULT_SERVER_ARGS, *args.server_arg], "dataset": args.dataset,
                        "input_len": args.input_len, "output_len": args.output_len, "rounds": args.rounds,
                        "min_prompts": args.min_prompts, "concurrency": args.concurrency, "boots": args.boots}}
 
