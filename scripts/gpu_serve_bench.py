@@ -84,11 +84,17 @@ def server_argv(model: str, draft: str, backend: str, port: int, extra: Sequence
             *DEFAULT_SERVER_ARGS, *extra]
 
 
+def cell_seed(seed: int, concurrency: int) -> int:
+    """bench_serving's prompts follow its seed: one seed per cell, so no cell finds the
+    previous cells' prompts in the radix cache (both sides would, alike, but users do not)."""
+    return seed * 1000 + concurrency
+
+
 def bench_argv(model: str, port: int, concurrency: int, prompts: int, out_file: Path, args: argparse.Namespace) -> list[str]:
     argv = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1",
             "--port", str(port), "--tokenizer", model, "--model", model, "--num-prompts", str(prompts),
             "--max-concurrency", str(concurrency), "--output-file", str(out_file), "--disable-tqdm",
-            "--seed", str(args.seed), "--warmup-requests", "1"]
+            "--seed", str(cell_seed(args.seed, concurrency)), "--warmup-requests", "1"]
     if args.dataset == "random-ids":
         argv += ["--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
                  "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0"]
@@ -107,7 +113,8 @@ def occupancy(log_text: str) -> float | None:
 
 
 def cell_values(bench: dict[str, Any], occ: float | None) -> dict[str, Any]:
-    out = {k: bench.get(k) for k in (*LATENCY_KEYS, "output_throughput", "accept_length", "completed")}
+    out = {k: bench.get(k) for k in (*LATENCY_KEYS, "mean_ttft_ms", "output_throughput", "accept_length",
+                                      "completed")}
     out["fwd_occupancy"] = occ
     return out
 
@@ -312,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dataset", choices=("random-ids", "generated-shared-prefix"), default="random-ids")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=256)
-    p.add_argument("--rounds", type=int, default=3, help="requests per cell = rounds x concurrency ...")
+    p.add_argument("--rounds", type=int, default=4, help="requests per cell = rounds x concurrency ...")
     p.add_argument("--min-prompts", type=int, default=12, help="... but at least this many")
     p.add_argument("--server-arg", action="append", default=[], help="one more launch_server flag (repeatable)")
     p.add_argument("--first-boot", type=int, default=0, help="index of the first boot (to alternate across calls)")

@@ -20,6 +20,8 @@ def test_boots_alternate_and_cells_get_enough_requests() -> None:
     assert [sb.boot_order(["stock", "patched"], b) for b in range(3)] == [
         ["stock", "patched"], ["patched", "stock"], ["stock", "patched"]]
     assert sb.num_prompts(1, 3, 12) == 12 and sb.num_prompts(48, 3, 12) == 144
+    seeds = {sb.cell_seed(1, c) for c in (1, 4, 8, 13, 16, 32, 45, 48)}
+    assert len(seeds) == 8  # every cell its own prompts: no radix-cache hits across cells
 
 
 def test_server_command_is_a_users_launch_that_sglang_parses(sglang_loaded) -> None:
