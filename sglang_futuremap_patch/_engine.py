@@ -15,7 +15,6 @@ Two kinds of replacement:
 
 from __future__ import annotations
 
-import ast
 import dis
 import hashlib
 import importlib
@@ -116,16 +115,6 @@ class Backport:
 
 
 # ----------------------------------------------------------------------------- fingerprints
-
-
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                if isinstance(body[0].value.value, str):
-                    node.body = body[1:] or [ast.Pass()]
-    return tree
 
 
 def _normalize_text(src: str) -> str:

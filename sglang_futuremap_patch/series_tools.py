@@ -513,7 +513,7 @@ def commit_message(bp: Backport, date: str, series: Sequence[Backport]) -> str:
         body.append(_prose(
             "This change relies on these functions as they are (the plugin refuses to patch "
             "a tree where their source differs): " + ", ".join(guards) + "."))
-    depends = re.search(r"Depends on back-port (\d+)/\d+", doc)
+    depends = re.search(r"Depends on back-port (\d+)\b", doc)
     if depends:
         n = int(depends.group(1))
         body.append(_prose(f'This patch depends on patch {n}/{len(series)} ("{series[n - 1].title}").'))

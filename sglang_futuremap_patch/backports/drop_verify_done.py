@@ -1,8 +1,8 @@
-"""Back-port 3/3: nothing on the spec-v2 schedule path waits for verify any more.
+"""Back-port 3: nothing on the spec-v2 schedule path waits for verify any more.
 
 Upstream: sgl-project/sglang#25879 (drop ``verify_done``), #25818 (defer ``seq_lens_sum``),
 #26020 (the schedule batch keeps a valid ``seq_lens`` mirror). Applies to: SGLang 0.5.12 and
-0.5.12.post1. Delete when users are on 0.5.13+. Depends on back-port 2/3.
+0.5.12.post1. Delete when users are on 0.5.13+. Depends on back-port 2.
 
 Why: with publish/stash the schedule batch never holds a tensor the forward is still
 writing, so the host waits in ``filter_batch``, ``merge_batch`` and the EAGLE

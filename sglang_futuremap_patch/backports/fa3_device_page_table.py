@@ -6,7 +6,7 @@ MTP and STANDALONE on FA3 opt out: the verify tree mask is no longer sized from 
 lengths). Applies to: SGLang 0.5.12 and 0.5.12.post1. Delete when users are on 0.5.16+ (the
 first release whose FA3 backend opts out for EAGLE/STANDALONE; 0.5.14 has #28106, 0.5.15 the
 FA3 opt-out for DFlash only).
-Depends on back-port 7/8 (which itself needs 4/8).
+Depends on back-port 7 (which itself needs 4).
 
 Why: FA3 with piecewise CUDA graph is what SGLang 0.5.12.x picks on H100/H200 for
 Llama/Qwen-style models with spec topk 1, and FA3 reads the ``seq_lens`` host mirror in every

@@ -1,11 +1,11 @@
-"""Back-port 4/4: gather the spec-v2 relay in one kernel launch, with a debug invariant.
+"""Back-port 6: gather the spec-v2 relay in one kernel launch, with a debug invariant.
 
 Upstream: sgl-project/sglang#26129 (fuse the four gathers of ``_resolve_spec_extras``, done
 with ``torch.compile``), #27233 (which replaced that with a hand-written Triton kernel,
 because torch.compile did not fuse them and its graph cost up to 100 us of host time on a
 slow CPU; "1-2% E2E TPOT"), #26108 (debug-assert that every gather sees a stashed value).
 Applies to: SGLang 0.5.12 and 0.5.12.post1. Delete when users are on 0.5.13+.
-Depends on back-port 2/4.
+Depends on back-port 2.
 
 Why: every spec-v2 decode step starts, on the forward stream, by reading back what the
 previous forward stashed: top-k probabilities, top-k indices, bonus tokens and (EAGLE/EAGLE3)

@@ -3,7 +3,7 @@
 Upstream: sgl-project/sglang#28633 ("Don't force seq_lens_cpu publication under piecewise CUDA
 graph"). Applies to: SGLang 0.5.12 and 0.5.12.post1. Delete when users are on 0.5.14+ (the
 first release with #28633; 0.5.13 still carries the "FIXME: support PCG without seq lens cpu
-value"). Depends on back-port 4/8 (it replaces that patch's ``decide_needs_cpu_seq_lens``).
+value"). Depends on back-port 4 (it replaces that patch's ``decide_needs_cpu_seq_lens``).
 
 Why: piecewise CUDA graph (PCG) is on by default in 0.5.12.x, also for speculative decoding.
 Back-port 4 forced the host mirror on whenever PCG was on, so a backend that declares

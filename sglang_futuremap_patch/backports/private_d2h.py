@@ -1,4 +1,4 @@
-"""Back-port: the seq_lens host mirror is copied on a private stream, gated on the publish alone.
+"""Back-port 5: the seq_lens host mirror is copied on a private stream, gated on the publish alone.
 
 Upstream: sgl-project/sglang#26380 (pinned buffer + private D2H stream) and #26463 (why the copy
 runs there). Applies to: SGLang 0.5.12 and 0.5.12.post1. Delete when users are on 0.5.13+.

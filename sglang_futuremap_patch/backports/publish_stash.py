@@ -1,4 +1,4 @@
-"""Back-port 2/3: relay spec-v2 state through a request-pool-indexed FutureMap (publish/stash).
+"""Back-port 2: relay spec-v2 state through a request-pool-indexed FutureMap (publish/stash).
 
 Upstream: sgl-project/sglang#25879 and #25962 (publish/stash, lazy device-agnostic event),
 #25862 (index the relay by request-pool slot), #26020 (no sentinel: the schedule batch keeps

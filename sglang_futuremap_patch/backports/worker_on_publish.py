@@ -1,4 +1,4 @@
-"""Back-port 1/3: EAGLE v2 workers publish ``seq_lens`` through an ``on_publish`` callback.
+"""Back-port 1: EAGLE v2 workers publish ``seq_lens`` through an ``on_publish`` callback.
 
 Upstream: sgl-project/sglang#25879 (worker half; callback named ``on_publish`` by #25962).
 Applies to: SGLang 0.5.12 and 0.5.12.post1. Delete when users are on 0.5.13+.
