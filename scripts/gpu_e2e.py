@@ -787,17 +787,9 @@ def server_worker_main(spec: dict[str, Any]) -> int:
     result: dict[str, Any] = {"pid": server.pid, "scenarios": {}}
     try:
         deadline = time.monotonic() + float(spec.get("server_start_s", 300))
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"sglang.launch_server exited with {server.returncode} before it was ready")
-            try:
-                if urllib.request.urlopen(base + "/health", timeout=5).status == 200:
-                    break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("sglang.launch_server not ready in time")
-            time.sleep(1.0)
+        not_ready = ge.wait_until_ready(server, base + "/health", deadline)
+        if not_ready:
+            raise RuntimeError(f"sglang.launch_server {not_ready}")
         model = _http_json(base + "/v1/models")["data"][0]["id"]
         try:
             info = _http_json(base + "/get_server_info")

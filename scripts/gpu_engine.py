@@ -44,6 +44,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -591,6 +593,23 @@ def config_label(effective: dict[str, Any] | None, *, requested_backend: str | N
     if eff.get("page_size") is not None:
         parts.append(f"page {eff['page_size']}")
     return ", ".join(parts)
+
+
+def wait_until_ready(proc: subprocess.Popen, url: str, deadline: float, poll_s: float = 1.0) -> str | None:
+    """Poll ``url`` until it answers 200 (a started ``sglang.launch_server``): None when it
+    does, else why not (the server exited, or ``deadline``, a ``time.monotonic()`` value, passed)."""
+    while True:
+        if proc.poll() is not None:
+            return f"exited with {proc.returncode} before it was ready"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return None
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            return "not ready in time"
+        time.sleep(poll_s)
 
 
 def gpu_name() -> str | None:

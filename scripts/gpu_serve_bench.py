@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -40,6 +39,8 @@ from typing import Any, Sequence
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+
+import gpu_engine as ge  # noqa: E402  (server readiness, GPU name)
 
 #: bench_serving imports ``datasets`` at module level; the GPU box has none (offline datasets only).
 DATASETS_STAND_IN = ROOT / "tests" / "gpu" / "kits" / "stand_ins"
@@ -187,14 +188,6 @@ def worse_cells(summary: dict[str, Any], tolerance: float = 0.03) -> list[str]:
 # ----------------------------------------------------------------------------- GPU side
 
 
-def http_ok(url: str, timeout: float = 5) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status == 200
-    except Exception:
-        return False
-
-
 def stop_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -233,15 +226,11 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        base = f"http://127.0.0.1:{port}"
-        while not http_ok(f"{base}/health_generate"):
-            if proc.poll() is not None:
-                run["error"] = f"server exited with {proc.returncode} before it was ready"
-                return run
-            if time.monotonic() > deadline:
-                run["error"] = "cut off by --budget while starting"
-                return run
-            time.sleep(2)
+        # /health_generate: ready once the model has generated, not just once the port is open.
+        not_ready = ge.wait_until_ready(proc, f"http://127.0.0.1:{port}/health_generate", deadline, poll_s=2)
+        if not_ready:
+            run["error"] = f"server {not_ready}" + (" (--budget)" if proc.poll() is None else "")
+            return run
         run["start_s"] = round(time.monotonic() - t0, 1)
         applied = "sglang_futuremap_patch: applied" in log_path.read_text(errors="replace")
         run["plugin_applied"] = applied
@@ -277,8 +266,6 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
 
 
 def environment(args: argparse.Namespace) -> dict[str, Any]:
-    import gpu_engine as ge
-
     try:
         import sglang
 

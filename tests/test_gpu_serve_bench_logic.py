@@ -85,3 +85,43 @@ def test_occupancy_is_read_from_sglangs_decode_lines() -> None:
     log = ("Decode batch, #running-req: 32, fwd occupancy: nan%\n"
            "Decode batch, #running-req: 32, fwd occupancy: 91.50%\nDecode batch, fwd occupancy: 95.50%\n")
     assert sb.occupancy(log) == pytest.approx(93.5) and sb.occupancy("nothing") is None
+
+
+def test_wait_until_ready_says_why_a_server_never_answered(tmp_path: Path) -> None:
+    """The readiness wait both harnesses use: ready, exited, or out of time."""
+    import http.server
+    import socket
+    import socketserver
+    import subprocess
+    import threading
+    import time
+
+    import gpu_engine as ge
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with socketserver.TCPServer(("127.0.0.1", 0), Ok) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            url = f"http://127.0.0.1:{httpd.server_address[1]}/health_generate"
+            assert ge.wait_until_ready(alive, url, time.monotonic() + 10, poll_s=0.1) is None
+            with socket.socket() as probe:  # a port nobody listens on
+                probe.bind(("127.0.0.1", 0))
+                free = probe.getsockname()[1]
+            dead_url = f"http://127.0.0.1:{free}/health"
+            assert ge.wait_until_ready(alive, dead_url, time.monotonic() + 0.3, poll_s=0.1) == "not ready in time"
+        finally:
+            alive.kill()
+            alive.wait()
+            httpd.shutdown()
+    gone = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    gone.wait()
+    assert ge.wait_until_ready(gone, "http://127.0.0.1:1/", time.monotonic() + 10) == (
+        "exited with 3 before it was ready")

@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import logging
 
-from sglang_futuremap_patch._engine import Backport, Target, TextEdit
-
-logger = logging.getLogger("sglang_futuremap_patch")
+from sglang_futuremap_patch._api import PREFIX
+from sglang_futuremap_patch._engine import Backport, Target, TextEdit, announce
 
 #: The WARNING's text (the patch logs the same words through SGLang's own logger).
 MESSAGE = (
@@ -61,9 +60,6 @@ def _handle_speculative_decoding(self, *, _stock_handle_speculative_decoding=Non
         and not self.disable_overlap_schedule
     ):
         self.disable_overlap_schedule = True
-        from sglang_futuremap_patch._api import PREFIX
-        from sglang_futuremap_patch._engine import announce
-
         announce(logging.WARNING, f"{PREFIX} " + MESSAGE % (
             self.speculative_algorithm,
             self.speculative_num_steps,
