@@ -11,15 +11,21 @@ Two kinds of replacement:
   the plugin and the patches one piece of code (``scripts/export_patches.py``).
 * ``wrap``: keeps the plugin module's globals; used only where the plugin must delegate
   to the original object (see ``Target.original_arg``).
+* ``edit``: a few reviewed text edits (``Target.edits``) of the function as it stands (SGLang's
+  own, or the one an earlier back-port spliced), compiled with the target module's globals.
+  The patch series makes the very same edits in the file, so the two cannot drift, and the
+  plugin carries the changed lines only, not a copy of the function.
 """
 
 from __future__ import annotations
 
+import ast
 import dis
 import hashlib
 import importlib
 import inspect
 import io
+import linecache
 import logging
 import re
 import sys
@@ -51,16 +57,67 @@ class PatchError(RuntimeError):
 
 @dataclass(frozen=True)
 class TextEdit:
-    """An explicit, reviewed source edit: how ``patches/`` makes a ``wrap`` target's change.
+    """An explicit, reviewed source edit.
 
-    A wrapper delegates to the stock function, which has no source form; the patch makes the
-    same change inside the stock function instead. ``old`` must occur exactly once in the
-    file, inside that function, so a changed SGLang file fails loudly instead of being
-    patched somewhere else.
+    For a ``wrap`` target it is how ``patches/`` makes the change (a wrapper delegates to the
+    stock function, which has no source form; the patch edits the stock function instead),
+    written as the text stands in the SGLang file. For an ``edit`` target it *is* the change,
+    for the plugin and the patch alike, written as the text stands in the function's
+    dedented source (``def`` at column 0); the patch series indents it to the file. Either
+    way ``old`` must occur exactly once, inside that function, so a changed SGLang file
+    fails loudly instead of being patched somewhere else.
     """
 
     old: str
     new: str
+
+
+def apply_edits(src: str, edits: Iterable[TextEdit], where: str) -> str:
+    """``src`` with every edit made in turn; each anchor must occur exactly once."""
+    for edit in edits:
+        count = src.count(edit.old)
+        if count != 1:
+            raise PatchError(f"{where}: edit anchor found {count} times, expected once:\n{edit.old}")
+        src = src.replace(edit.old, edit.new)
+    return src
+
+
+def edited_function(base: Any, target: "Target", namespace: dict[str, Any]) -> types.FunctionType:
+    """``base`` (a plain function) with ``target.edits`` made to its source, compiled with
+    ``namespace`` as its globals. The source is registered with ``linecache`` so tracebacks,
+    ``inspect.getsource`` and the fingerprint read the edited text."""
+    base = _func_of(base)
+    src = apply_edits(textwrap.dedent(inspect.getsource(base.__code__)), target.edits, target.path)
+    node = ast.parse(src).body[0]
+    if not isinstance(node, ast.FunctionDef) or node.decorator_list:
+        raise PatchError(f"{target.path}: an edit target must be an undecorated function")
+    filename = f"<{MARK} edit of {target.path}>"
+    code = compile(src, filename, "exec")
+    (fcode,) = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    if fcode.co_freevars:
+        raise PatchError(f"{target.path}: an edited function must not use {fcode.co_freevars}")
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+    new = types.FunctionType(fcode, namespace, base.__name__, base.__defaults__)
+    new.__kwdefaults__ = dict(base.__kwdefaults__) if base.__kwdefaults__ else None
+    new.__doc__ = base.__doc__
+    new.__annotations__ = dict(base.__annotations__)
+    return new
+
+
+def _squeeze(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def carries_edits(func: Any, edits: Iterable[TextEdit]) -> bool:
+    """Whether a function's source already has every edit made (a patched tree)."""
+    try:
+        src = _squeeze(inspect.getsource(_func_of(func).__code__))
+    except (OSError, TypeError):
+        return False
+    return all(
+        _squeeze(e.new) in src and (_squeeze(e.old) not in src or _squeeze(e.old) in _squeeze(e.new))
+        for e in edits
+    )
 
 
 @dataclass(frozen=True)
@@ -77,8 +134,10 @@ class Target:
     check that keeps some batches away from the changed code; it must still have exactly
     its 0.5.12.x source, or the gate refuses the whole series; ``replacement`` is None).
     ``import_line`` is the source line the patch series uses for a ``value`` target.
-    ``edits`` (a ``wrap`` target only) is the same change as source edits of the stock
-    function, and ``edit_note`` what the commit message says about them.
+    ``edits``: for a ``wrap`` target, the same change as source edits of the stock function
+    (``edit_note`` is what the commit message says about them); for an ``edit`` target
+    (``replacement`` None), the change itself, made to SGLang's function or, when an earlier
+    back-port spliced the same function, to that back-port's version.
     """
 
     owner: str
@@ -264,6 +323,22 @@ def _check_target(
     raw = owner.__dict__.get(attr, None) if hasattr(owner, "__dict__") else None
     if any(it.owner is owner and it.attr == attr for it in _STATE.applied):
         return TargetCheck(target, "applied", found=fingerprint(raw))
+    if target.kind == "edit":
+        if raw is None:
+            return TargetCheck(target, "missing", detail="attribute not found")
+        found = fingerprint(raw)
+        if found == target.expected:
+            try:
+                fn = edited_function(raw, target, {})
+            except (PatchError, OSError, TypeError, SyntaxError) as exc:
+                return TargetCheck(target, "mismatch", found=found, detail=str(exc).splitlines()[0])
+            missing = missing_globals(fn, {**vars(module), **pending.get(target.owner, {})})
+            if missing:
+                return TargetCheck(target, "mismatch", found=found, detail=f"module lacks {missing}")
+            return TargetCheck(target, "ready", found=found)
+        if carries_edits(raw, target.edits):
+            return TargetCheck(target, "in-source", found=found)
+        return TargetCheck(target, "mismatch", found=found, detail=f"expected {target.expected}")
     if target.kind == GUARD:
         if raw is None:
             return TargetCheck(target, "missing", detail="attribute not found")
@@ -309,6 +384,29 @@ def _chains(series: Iterable[Backport]) -> dict[str, list[Target]]:
     return chains
 
 
+def link_function(chain: list[Target], i: int) -> Any:
+    """What link ``i`` of a chain installs, known without SGLang's live object: a replacement,
+    or an ``edit`` of the splice before it (compiled with empty globals: for its source and
+    fingerprint only). An ``edit`` of SGLang's own function can only be a chain's first link."""
+    t = chain[i]
+    if t.kind != "edit":
+        return t.replacement
+    if i == 0:
+        raise PatchError(f"{t.path}: an edit of SGLang's own function has no static form")
+    prior = chain[i - 1]
+    if prior.kind != "splice":
+        raise PatchError(f"{t.path}: an edit may follow a splice only, not a {prior.kind}")
+    return edited_function(prior.replacement, t, {})
+
+
+def chain_final(chain: list[Target]) -> Any | None:
+    """The function a patched tree carries for this chain (None: an edit of SGLang's own
+    function, which ``_check_target`` recognises by its edits instead)."""
+    if chain[-1].kind == "edit" and len(chain) == 1:
+        return None
+    return link_function(chain, len(chain) - 1)
+
+
 def version_verdict(version: str) -> Verdict | None:
     """A verdict when the version alone rules the back-port out, else None."""
     try:
@@ -337,7 +435,7 @@ def gate(series: Iterable[Backport], version: str | None = None) -> Verdict:
             if "." not in t.name:
                 pending.setdefault(t.owner, {})[t.name] = t.replacement
     chains = _chains(series)
-    live = {path: _check_target(chain[0], pending, chain[-1].replacement)
+    live = {path: _check_target(chain[0], pending, chain_final(chain))
             for path, chain in chains.items()}
     checks: dict[str, list[TargetCheck]] = {bp.id: [] for bp in series}
     for bp in series:
@@ -349,7 +447,18 @@ def gate(series: Iterable[Backport], version: str | None = None) -> Verdict:
                 continue
             # A later link must be a new version of exactly the function the link before
             # it installs (checked statically); its live state is the first link's.
-            prior = fingerprint(chain[i - 1].replacement)
+            prior = fingerprint(link_function(chain, i - 1))
+            if t.expected == prior and t.kind == "edit":
+                try:
+                    fn = link_function(chain, i)
+                    module = _import_target_module(t.owner)
+                    missing = missing_globals(fn, {**vars(module), **pending.get(t.owner, {})})
+                except (PatchError, SyntaxError, ImportError) as exc:
+                    missing, why = None, str(exc).splitlines()[0]
+                if missing is None or missing:
+                    why = why if missing is None else f"module lacks {missing}"
+                    checks[bp.id].append(TargetCheck(t, "mismatch", found=prior, detail=why))
+                    continue
             if t.expected == prior:
                 checks[bp.id].append(TargetCheck(t, live[t.path].state, found=prior))
             else:
@@ -403,11 +512,16 @@ def _func_of(raw: Any) -> Any:
     return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
 
 
-def _build(target: Target, module: types.ModuleType, original: Any, backport_id: str) -> Any:
+def _build(target: Target, module: types.ModuleType, original: Any, backport_id: str,
+           base: Any = None) -> Any:
     repl = target.replacement
     attr_name = target.name.rsplit(".", 1)[-1]
     if target.kind == "value":
         return repl
+    if target.kind == "edit":
+        # SGLang's function, or the earlier back-port's version of it (``base``).
+        repl = edited_function(base if base is not None else original, target, vars(module))
+        target = Target(target.owner, target.name, repl, target.expected, "splice")
     if isinstance(repl, property):
         fget = _build(
             Target(target.owner, target.name, repl.fget, target.expected, target.kind),
@@ -453,11 +567,11 @@ def _aliases(original: Any) -> Iterator[tuple[types.ModuleType, str]]:
                 yield mod, k
 
 
-def _install(target: Target, backport_id: str) -> list[_Installed]:
+def _install(target: Target, backport_id: str, base: Any = None) -> list[_Installed]:
     owner, attr, module = _resolve_owner(target)
     had = attr in owner.__dict__
     original = owner.__dict__[attr] if had else None
-    new = _build(target, module, original, backport_id)
+    new = _build(target, module, original, backport_id, base)
     done = [_Installed(owner, attr, had, original, new, target.path)]
     setattr(owner, attr, new)
     if isinstance(owner, types.ModuleType) and isinstance(original, types.FunctionType):
@@ -497,8 +611,10 @@ def install(series: Iterable[Backport], verdict: Verdict) -> list[str]:
             for t in bp.targets:
                 if t.kind == GUARD:
                     continue  # relied on, never replaced
-                if chains[t.path][-1] is t:  # a function replaced twice: install the last
-                    installed.extend(_install(t, bp.id))
+                chain = chains[t.path]
+                if chain[-1] is t:  # a function replaced twice: install the last
+                    base = chain[-2].replacement if len(chain) > 1 else None
+                    installed.extend(_install(t, bp.id, base))
     except Exception as exc:
         _undo(installed)
         raise PatchError(f"installing failed, rolled back: {type(exc).__name__}: {exc}") from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -47,11 +48,23 @@ def _unavailable(verdict: Verdict) -> int:
     return EXIT_NO_SGLANG
 
 
+def _tree_choice() -> str:
+    """Where EAGLE trees (topk > 1) run, as the environment decides it."""
+    from sglang_futuremap_patch.backports.spec_v2_tree import KEEP_V1_ENV
+
+    if os.environ.get(KEEP_V1_ENV, "").strip().lower() in ("1", "true", "yes"):
+        return f"spec v1, as in stock SGLang ({KEEP_V1_ENV} is set)"
+    return (f"spec v2 where covered (page size 1, Triton/FlashInfer/FA3, Llama/Qwen2/Qwen3 "
+            f"targets); {KEEP_V1_ENV}=1 keeps spec v1")
+
+
 def _print_report(report: Report) -> None:
     v = report.verdict
     print(f"SGLang:   {v.sglang_version}")
     print(f"mode:     {report.mode} ({ENV_VAR})")
     print(f"verdict:  {v.decision}: {v.reason}")
+    if any(bp.id == "spec-v2-tree" for bp in report.series):
+        print(f"trees:    {_tree_choice()}")
     for bp in report.series:
         print(f"\n{bp.id}  [{bp.pr_list}]  patches/{bp.patch_file}")
         print(f"  {bp.title}")

@@ -43,7 +43,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from packaging.version import Version
 
-from sglang_futuremap_patch._engine import ABSENT, GUARD, Backport, Target, _normalize_text
+from sglang_futuremap_patch._engine import ABSENT, GUARD, Backport, Target, TextEdit, _normalize_text
 
 logger = logging.getLogger("sglang_futuremap_patch")
 
@@ -433,20 +433,28 @@ def _text_edit(text: str, target: Target) -> str:
     if not edits:
         raise SeriesError(f"{target.path}: a {target.kind} target needs a declared text edit")
     cls, attr = _split_name(target)
+    if target.kind == "edit":
+        # Written against the dedented function: indent them as the def stands in the file.
+        node = _find_def(_scope(ast.parse(text), cls, target.path), attr)
+        if node is None:
+            raise SeriesError(f"{target.path}: no such function in the file")
+        pad = " " * node.col_offset
+        edits = tuple(
+            TextEdit(textwrap.indent(e.old, pad), textwrap.indent(e.new, pad)) for e in edits
+        )
     for edit in edits:
-        count = text.count(edit.old)
-        if count != 1:
-            raise SeriesError(f"{target.path}: anchor found {count} times, expected once:\n{edit.old}")
         node = _find_def(_scope(ast.parse(text), cls, target.path), attr)
         if node is None:
             raise SeriesError(f"{target.path}: no such function in the file")
         lines = text.splitlines(keepends=True)
         start = len("".join(lines[: _first_line(node) - 1]))
         stop = len("".join(lines[: _last_line(lines, node)]))
-        at = text.index(edit.old)
-        if not (start <= at and at + len(edit.old) <= stop):
-            raise SeriesError(f"{target.path}: anchor lies outside the function:\n{edit.old}")
-        text = text.replace(edit.old, edit.new)
+        body = text[start:stop]
+        count = body.count(edit.old)
+        if count != 1:
+            raise SeriesError(
+                f"{target.path}: anchor found {count} times in the function, expected once:\n{edit.old}")
+        text = text[:start] + body.replace(edit.old, edit.new) + text[stop:]
     return text
 
 
@@ -460,7 +468,7 @@ def splice_target(tree: Path, target: Target) -> Path:
         text = _splice_function(text, target)
     elif target.kind == "value":
         text = _splice_value(text, target)
-    elif target.kind == "wrap":
+    elif target.kind in ("wrap", "edit"):
         text = _text_edit(text, target)
     else:
         raise SeriesError(f"{target.path}: unknown kind {target.kind!r}")

@@ -75,11 +75,11 @@ def test_a_failure_while_installing_rolls_everything_back(clean_state, monkeypat
     real_install = _engine._install
     calls = []
 
-    def failing_install(target, backport_id):
+    def failing_install(target, backport_id, base=None):
         calls.append(target.path)
         if len(calls) == 10:
             raise RuntimeError("boom")
-        return real_install(target, backport_id)
+        return real_install(target, backport_id, base)
 
     monkeypatch.setattr(_engine, "_install", failing_install)
     report = plugin.apply(mode="safe")

@@ -18,6 +18,8 @@ SERIES: tuple[str, ...] = (
     "pcg_no_mirror",
     "fa3_device_page_table",
     "auto_tree_spec_v1",
+    "tree_draft_extend_width",
+    "spec_v2_tree",
 )
 
 
