@@ -57,13 +57,23 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
   ``mtp-fa3-graph-nopcg``, ``mtp-triton-nograph-nopcg``, all with the matrix scenarios, and
   ``mtp-eos-default`` (the ``eos`` churn). The ``default`` and ``fa3`` ones need FA3. Not Triton
   with CUDA graph: stock 0.5.12.post1 fails to capture the MTP draft-extend graphs there.
+* EAGLE trees (topk > 1). Stock 0.5.12.x runs an explicit tree on spec v1 and crashes on
+  SGLang's auto-chosen one (Llama + EAGLE3, no spec flags: 5 / 4 / 8), so the auto cases' oracle
+  is stock given that tree explicitly. ``tree-*`` (``--group tree``): the auto tree with the
+  plugin kept on spec v1 (``SGLANG_FUTUREMAP_TREE_SPEC_V1=1``, passed through ``Case.env``):
+  FA3 + PCG, Triton, Triton with the ``eos`` churn, ``launch_server``. ``treev2-*`` (``--group
+  tree-v2``): the patched run on spec v2, stock on spec v1: the auto tree on FA3 + PCG,
+  explicit trees 3 / 4 / 16 and 5 / 4 / 8 with the STANDALONE draft on FlashInfer, FA3 and
+  Triton (CUDA graph on and off, PCG on one FA3 case), EAGLE3 5 / 4 / 8 on Triton, the ``eos``
+  churn (Triton) and the ``radix`` profile (FlashInfer); ids compared exactly, the matrix
+  profile's logprobs within 1e-3 (spec v1 and v2 compute them in other kernels).
 
 With several GPUs (``--gpus``, default: every visible one) single-GPU Engines are spread over
 them round-robin; a TP=2 Engine takes the first two. Every Engine gets ports no other Engine of
 the run uses (``gpu_engine.PortAllocator``).
 
 Groups (``--group``, with ``--cases`` their union): ``base`` (everything before the FA3 set),
-``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``.
+``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``, ``tree``, ``tree-v2``.
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -76,7 +86,13 @@ patched run and its "disabled" line in the stock run; no plugin warning, error o
 in either log; ``maybe_wait_verify_done`` called by the stock scheduler and never by the
 patched one; retraction seen (``retract``); no GPU memory growth after warm-up (``soak``);
 outputs met EOS and requests ended on EOS, stop tokens and length (``eos``); the prefix served
-from the radix cache (``radix``).
+from the radix cache (``radix``). Tree cases instead of the ``verify_done`` pair: both runs
+resolved to the same server arguments and tree; ``tree-*``: both spec v1, the plugin's one
+auto-tree WARNING and no spec-v2 tree line; ``treev2-*``: patched spec v2 (and no
+``verify_done`` wait), stock spec v1, the plugin's one "spec v2 runs the EAGLE tree" line and
+stock's spec-v1 line, the tree as asked (5 / 4 / 8 for the auto one), and with the STANDALONE
+draft a patched mean accept length above 1.3 (from SGLang's ``Decode batch`` lines; the report
+gives it next to the requests' own mean, stock / patched).
 
 Results: ``--out DIR`` gets ``e2e-<tag>.json`` (everything), ``e2e-<tag>.txt`` (the
 report) and ``logs-<tag>.tar.gz`` (every Engine's full log). ``--merge`` turns one or more JSONs into the Markdown record
@@ -137,6 +153,12 @@ class Case:
     #: tree given explicitly (spec v1 on the same backend). Both runs must then resolve to
     #: the same server arguments.
     stock_extra: tuple[tuple[str, Any], ...] = ()
+    #: Environment variables of both runs' worker processes (and so of their Engines' and
+    #: servers' processes), on top of the harness's own; None removes a variable.
+    env: tuple[tuple[str, str | None], ...] = ()
+    #: A tree (topk > 1) that the patched run decodes on spec v2 (the overlap scheduler) and the
+    #: stock oracle on spec v1; compared token for token, logprobs within ``TREE_V2_LOGPROB_TOL``.
+    tree_v2: bool = False
 
     @property
     def gpus(self) -> int:
@@ -160,7 +182,12 @@ class Case:
     @property
     def spec_v1(self) -> bool:
         """Both runs are spec v1 (a tree on 0.5.12.x): no verify_done wait on either side."""
-        return bool(self.stock_extra)
+        return bool(self.stock_extra) and not self.tree_v2
+
+    @property
+    def logprob_tol(self) -> float:
+        """How far a patched logprob may be from stock's (0: bit for bit)."""
+        return TREE_V2_LOGPROB_TOL if self.tree_v2 else 0.0
 
 
 def _graph_name(graph: bool, pcg: bool) -> str:
@@ -189,7 +216,7 @@ def all_cases() -> list[Case]:
     # in the soak, so that any difference is the plugin's.
     cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))))
-    return cases + fa3_cases() + deployment_cases() + multilayer_cases() + tree_cases()
+    return cases + fa3_cases() + deployment_cases() + multilayer_cases() + tree_cases() + tree_v2_cases()
 
 
 def fa3_cases() -> list[Case]:
@@ -268,24 +295,59 @@ def deployment_cases() -> list[Case]:
 AUTO_SPEC = (("speculative_num_steps", None), ("speculative_eagle_topk", None),
              ("speculative_num_draft_tokens", None))
 AUTO_TREE = (("speculative_num_steps", 5), ("speculative_eagle_topk", 4), ("speculative_num_draft_tokens", 8))
+SPEC_TREE_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+#: Set to 1, the plugin keeps EAGLE trees on spec v1 (its behaviour before trees ran on spec v2).
+TREE_SPEC_V1_ENV = "SGLANG_FUTUREMAP_TREE_SPEC_V1"
+
+
+def spec_tree(steps: int, topk: int, draft_tokens: int) -> tuple[tuple[str, int], ...]:
+    """Engine kwargs of an explicit tree (steps, topk, draft tokens)."""
+    return tuple(zip(SPEC_TREE_KEYS, (steps, topk, draft_tokens)))
 
 
 def tree_cases() -> list[Case]:
-    """SGLang's auto-chosen tree with the plugin (spec v1, back-port auto-tree-spec-v1) against
-    stock SGLang given the same tree explicitly, on the backend the auto path ends up with:
-    FA3 with piecewise CUDA graph on Hopper (stock names no backend for the auto path, but an
-    explicit tree would pick FlashInfer there, so the oracle names FA3), and Triton."""
+    """SGLang's auto-chosen tree with the plugin kept on spec v1 (back-port auto-tree-spec-v1,
+    ``SGLANG_FUTUREMAP_TREE_SPEC_V1=1``) against stock SGLang given the same tree explicitly, on
+    the backend the auto path ends up with: FA3 with piecewise CUDA graph on Hopper (stock
+    names no backend for the auto path, but an explicit tree would pick FlashInfer there, so the
+    oracle names FA3), and Triton."""
+    v1 = ((TREE_SPEC_V1_ENV, "1"),)
     cases = [Case("tree-auto-eagle3-default", "EAGLE3", "default", True, True, "matrix", AUTO_SPEC,
-                  stock_extra=AUTO_TREE + (("attention_backend", "fa3"),))]
+                  stock_extra=AUTO_TREE + (("attention_backend", "fa3"),), env=v1)]
     cases.append(Case("tree-auto-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix",
-                      AUTO_SPEC, stock_extra=AUTO_TREE))
+                      AUTO_SPEC, stock_extra=AUTO_TREE, env=v1))
     cases.append(Case("tree-auto-eagle3-triton-eos", "EAGLE3", "triton", True, False, "eos",
-                      AUTO_SPEC, stock_extra=AUTO_TREE))
+                      AUTO_SPEC, stock_extra=AUTO_TREE, env=v1))
     # As a user launches it: sglang.launch_server with no backend and no spec flags but these
     # two (batch-invariant kernels, as in the other HTTP case: requests arrive concurrently).
     http = (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))
     cases.append(Case("tree-auto-eagle3-http-default", "EAGLE3", "default", True, True, "http",
-                      AUTO_SPEC + http, stock_extra=AUTO_TREE + (("attention_backend", "fa3"),)))
+                      AUTO_SPEC + http, stock_extra=AUTO_TREE + (("attention_backend", "fa3"),), env=v1))
+    return cases
+
+
+def tree_v2_cases() -> list[Case]:
+    """EAGLE trees (topk > 1, page size 1) that the patched run decodes on spec v2 against stock
+    SGLang on spec v1 with the same tree. Explicit trees: the same launch on both sides (stock
+    sends it to spec v1 itself), mostly with the STANDALONE draft, which gets part of the tree
+    accepted (the EAGLE3 draft gets ~1 token a step: one case). SGLang's auto-chosen tree
+    (5 / 4 / 8) against stock given it explicitly, as ``tree-auto-eagle3-default``. The matrix
+    profile's ``logprob`` scenario compares logprobs (within ``TREE_V2_LOGPROB_TOL``)."""
+    v2 = {"env": ((TREE_SPEC_V1_ENV, None),), "tree_v2": True}  # never inherit the spec-v1 switch
+    cases = [Case("treev2-auto-eagle3-default", "EAGLE3", "default", True, True, "matrix", AUTO_SPEC,
+                  stock_extra=AUTO_TREE + (("attention_backend", "fa3"),), **v2)]
+    for backend, tree, graph, pcg in (("flashinfer", (3, 4, 16), True, False), ("flashinfer", (5, 4, 8), True, False),
+                                      ("flashinfer", (5, 4, 8), False, False), ("fa3", (3, 4, 16), True, False),
+                                      ("fa3", (5, 4, 8), True, True), ("triton", (3, 4, 16), True, False),
+                                      ("triton", (5, 4, 8), True, False), ("triton", (3, 4, 16), False, False)):
+        cases.append(Case(f"treev2-standalone-{backend}-{'x'.join(map(str, tree))}-{_graph_name(graph, pcg)}",
+                          "STANDALONE", backend, graph, pcg, "matrix", spec_tree(*tree), **v2))
+    cases.append(Case("treev2-eagle3-triton-5x4x8-graph-nopcg", "EAGLE3", "triton", True, False, "matrix",
+                      spec_tree(5, 4, 8), **v2))
+    cases.append(Case("treev2-eos-standalone-triton-3x4x16", "STANDALONE", "triton", True, False, "eos",
+                      spec_tree(3, 4, 16), **v2))
+    cases.append(Case("treev2-radix-standalone-flashinfer-5x4x8", "STANDALONE", "flashinfer", True, False, "radix",
+                      spec_tree(5, 4, 8), **v2))
     return cases
 
 
@@ -299,6 +361,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "pd": ("pd-*",),
     "mtp": ("mtp-*",),
     "tree": ("tree-*",),
+    "tree-v2": ("treev2-*",),
 }
 
 
@@ -884,19 +947,45 @@ def _first_diff(a: Sequence[Any], b: Sequence[Any]) -> int | None:
     return k
 
 
-def _same_output(a: dict[str, Any], b: dict[str, Any], logprobs: bool) -> bool:
+def _close(a: Any, b: Any, tol: float) -> bool:
+    """``a == b``, but floats (logprobs) only within ``tol``; ids and structure exactly."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return (isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)
+                and not isinstance(b, bool) and abs(a - b) <= tol)
+    return a == b
+
+
+def _same_logprobs(a: dict[str, Any], b: dict[str, Any], tol: float = 0.0) -> bool:
+    if not tol:
+        return a.get("logprobs") == b.get("logprobs") and a.get("top_logprobs") == b.get("top_logprobs")
+    return (_close(a.get("logprobs"), b.get("logprobs"), tol)
+            and _close(a.get("top_logprobs"), b.get("top_logprobs"), tol))
+
+
+def _same_output(a: dict[str, Any], b: dict[str, Any], logprobs: bool, tol: float = 0.0) -> bool:
     same = (a["output_ids"] == b["output_ids"] and a.get("text") == b.get("text")
             and a.get("finish") == b.get("finish"))
     if logprobs:
-        same = same and a.get("logprobs") == b.get("logprobs") and a.get("top_logprobs") == b.get("top_logprobs")
+        same = same and _same_logprobs(a, b, tol)
     return same
 
 
-MISMATCH_CHECKS = (": outputs identical", ": logprobs identical")
+#: How far a logprob of a ``tree_v2`` case's patched run (spec v2) may be from stock's (spec
+#: v1): the two workers compute the same values in other kernels, which may differ in the last bits.
+TREE_V2_LOGPROB_TOL = 1e-3
+
+
+def _logprob_check(tol: float) -> str:
+    return "logprobs identical" if not tol else f"logprobs within {tol:g}"
+
+
+MISMATCH_CHECKS = (": outputs identical", ": " + _logprob_check(0.0), ": " + _logprob_check(TREE_V2_LOGPROB_TOL))
 
 
 def adjudicate(sc_list: Sequence[dict[str, Any]], checks: list[Check], stock: dict[str, Any],
-               rerun: dict[str, Any], patched: dict[str, Any]) -> list[Check]:
+               rerun: dict[str, Any], patched: dict[str, Any], logprob_tol: float = 0.0) -> list[Check]:
     """Second opinion on output mismatches, from a second stock run of the same workload.
 
     Greedy decoding in SGLang is reproducible only as far as its kernels are batch-invariant:
@@ -905,7 +994,8 @@ def adjudicate(sc_list: Sequence[dict[str, Any]], checks: list[Check], stock: di
     reproduces itself: for each scenario that mismatched, every patched output must equal the
     output of one of the two stock runs, and the two stock runs must disagree somewhere in
     that scenario (else stock is reproducible there and the plugin changed the output).
-    The original check stays in the record, marked, next to the new one."""
+    The original check stays in the record, marked, next to the new one. ``logprob_tol``: as
+    in ``compare_scenario``."""
     by_name = {sc["name"]: sc for sc in sc_list}
     s1 = (stock.get("result") or {}).get("scenarios", {})
     s2 = (rerun.get("result") or {}).get("scenarios", {})
@@ -916,16 +1006,16 @@ def adjudicate(sc_list: Sequence[dict[str, Any]], checks: list[Check], stock: di
         if check.ok or f": {what}" not in MISMATCH_CHECKS or name not in by_name:
             out.append(check)
             continue
-        logprobs = what == "logprobs identical"
+        logprobs = what != "outputs identical"
         a, b, p = ((r.get(name) or {}).get("outputs") for r in (s1, s2, pp))
         if rerun.get("returncode") != 0 or not a or not b or not p or not (len(a) == len(b) == len(p)):
             out.append(check)
             out.append(Check(f"{name}: second stock run", False, "the second stock run did not finish"))
             continue
         unstable = [i for i, (x, y) in enumerate(zip(a, b)) if not x.get("abort_requested")
-                    and not _same_output(x, y, logprobs)]
+                    and not _same_output(x, y, logprobs, logprob_tol)]
         foreign = [i for i, (x, y, z) in enumerate(zip(a, b, p)) if not z.get("abort_requested")
-                   and not _same_output(x, z, logprobs) and not _same_output(y, z, logprobs)]
+                   and not _same_output(x, z, logprobs, logprob_tol) and not _same_output(y, z, logprobs, logprob_tol)]
         ok = bool(unstable) and not foreign
         out.append(Check(check.name, ok, ("[stock itself not reproducible here: see next check] " if ok else "")
                          + check.detail))
@@ -935,8 +1025,10 @@ def adjudicate(sc_list: Sequence[dict[str, Any]], checks: list[Check], stock: di
     return out
 
 
-def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: dict[str, Any] | None) -> list[Check]:
-    """Stock vs patched for one scenario (both are a run's ``scenarios[name]`` entry)."""
+def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: dict[str, Any] | None,
+                     logprob_tol: float = 0.0) -> list[Check]:
+    """Stock vs patched for one scenario (both are a run's ``scenarios[name]`` entry); output ids
+    always exactly, logprobs within ``logprob_tol`` (0: exactly)."""
     name = sc["name"]
     if not stock or not patched:
         return [Check(f"{name}: ran", False, "missing from a run")]
@@ -981,11 +1073,12 @@ def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: 
         checks.append(Check(f"{name}: lengths as requested", not short,
                             "every non-aborted output has max_new_tokens" if not short else f"requests {short[:8]}"))
     if sc.get("return_logprob"):
-        bad = [i for i, (s, p) in enumerate(zip(so, po))
-               if s.get("logprobs") != p.get("logprobs") or s.get("top_logprobs") != p.get("top_logprobs")]
+        bad = [i for i, (s, p) in enumerate(zip(so, po)) if not _same_logprobs(s, p, logprob_tol)]
         have = all(p.get("logprobs") for p in po)
-        checks.append(Check(f"{name}: logprobs identical", have and not bad,
-                            f"{n - len(bad)}/{n} identical" + ("" if have else "; logprobs missing")))
+        checks.append(Check(f"{name}: {_logprob_check(logprob_tol)}", have and not bad,
+                            f"{n - len(bad)}/{n} {'identical' if not logprob_tol else 'close'}"
+                            + ("" if have else "; logprobs missing")
+                            + (f"; differ: requests {bad[:8]}" if bad else "")))
     if "stops" in patched:
         stopped = sum(1 for o in po if o.get("finish") in ("stop", "FINISH_MATCHED_TOKEN", "FINISH_MATCHED_STR"))
         if sc["kind"] == "http_stop_from":  # OpenAI says "stop" for EOS too: the text must lack the stop string
@@ -1042,7 +1135,66 @@ def spec_v1_checks(stock: dict[str, Any], patched: dict[str, Any]) -> list[Check
               f"disable_overlap_schedule {[e.get('disable_overlap_schedule') for e in eff.values()]}"),
         Check("patched log: one auto-tree spec v1 line", patched["log"].auto_tree_lines == 1,
               f"{patched['log'].auto_tree_lines} lines"),
+        Check(f"patched log: no '{smoke.TREE_V2_MARK}' line ({TREE_SPEC_V1_ENV}=1)", patched["log"].tree_v2_lines == 0,
+              f"{patched['log'].tree_v2_lines} lines"),
     ]
+    return checks
+
+
+#: A ``tree_v2`` case with the STANDALONE draft must accept more than this many tokens per
+#: step on average in its patched run: the tree is exercised, not just its first token.
+TREE_V2_MIN_ACCEPT = 1.3
+
+
+def _request_accept_length(run: dict[str, Any]) -> float | None:
+    """Mean ``spec_accept_length`` over a run's outputs (SGLang's per-request meta info)."""
+    scen = ((run.get("result") or {}).get("scenarios") or {}).values()
+    accepts = [o.get("accept") for s in scen for o in (s.get("outputs") or []) if o and o.get("accept")]
+    return sum(accepts) / len(accepts) if accepts else None
+
+
+def accept_length(run: dict[str, Any]) -> tuple[float | None, str]:
+    """A run's mean accept length and where it comes from: SGLang's ``Decode batch`` log lines,
+    else (no such line) the requests' ``spec_accept_length``."""
+    log: smoke.LogFindings = run["log"]
+    if log.mean_accept_length is not None:
+        return log.mean_accept_length, f"{len(log.accept_lengths)} decode log lines"
+    return _request_accept_length(run), "requests' spec_accept_length (no decode log line)"
+
+
+def tree_v2_checks(case: Case, stock: dict[str, Any], patched: dict[str, Any]) -> list[Check]:
+    """A ``tree_v2`` case: the patched run decodes the tree on spec v2 and said so in one line;
+    stock (the oracle) decodes the same tree on spec v1 and said so in SGLang's own line; both
+    resolved to the tree the case asks for (the auto case: SGLang's 5 / 4 / 8) with the same
+    server arguments otherwise; the STANDALONE draft gets part of the tree accepted."""
+    eff = {name: (run.get("result") or {}).get("effective") or {} for name, run in
+           (("stock", stock), ("patched", patched))}
+    keys = [k for k in SPEC_V1_KEYS if k != "disable_overlap_schedule"]
+    differ = [k for k in keys if eff["stock"].get(k) != eff["patched"].get(k)]
+    want = dict(case.extra, **dict(case.stock_extra))
+    want_tree = tuple(want.get(k) for k in SPEC_TREE_KEYS)
+    trees = {name: tuple(e.get(k) for k in SPEC_TREE_KEYS) for name, e in eff.items()}
+    overlap = {name: e.get("disable_overlap_schedule") for name, e in eff.items()}
+    plog: smoke.LogFindings = patched["log"]
+    slog: smoke.LogFindings = stock["log"]
+    checks = [
+        Check("patched and stock resolve to the same server args", bool(eff["stock"]) and not differ,
+              f"differ: {differ}" if differ else f"{eff['patched'].get('attention_backend')}, "
+              f"PCG off {eff['patched'].get('disable_piecewise_cuda_graph')}"),
+        Check("resolved tree (steps, topk, draft tokens) as asked on both sides",
+              all(t == want_tree for t in trees.values()), f"asked {want_tree}; {trees}"),
+        Check("patched on spec v2, stock on spec v1", overlap == {"stock": True, "patched": False},
+              f"disable_overlap_schedule {overlap}"),
+        Check(f"patched log: one '{smoke.TREE_V2_MARK}' line", plog.tree_v2_lines == 1,
+              f"{plog.tree_v2_lines} lines"),
+        Check("stock log: SGLang's spec v1 line for the tree", slog.stock_tree_spec_v1_lines >= 1,
+              f"{slog.stock_tree_spec_v1_lines} lines '{smoke.STOCK_TREE_SPEC_V1_MARK}'"),
+    ]
+    if case.algorithm == "STANDALONE":
+        value, source = accept_length(patched)
+        checks.append(Check(f"patched mean accept length > {TREE_V2_MIN_ACCEPT}",
+                            value is not None and value > TREE_V2_MIN_ACCEPT,
+                            f"{None if value is None else round(value, 3)} ({source})"))
     return checks
 
 
@@ -1055,7 +1207,7 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
     sres = (stock.get("result") or {}).get("scenarios", {})
     pres = (patched.get("result") or {}).get("scenarios", {})
     for sc in sc_list:
-        checks.extend(compare_scenario(sc, sres.get(sc["name"]), pres.get(sc["name"])))
+        checks.extend(compare_scenario(sc, sres.get(sc["name"]), pres.get(sc["name"]), case.logprob_tol))
     slog: smoke.LogFindings = stock["log"]
     plog: smoke.LogFindings = patched["log"]
     sprobe: smoke.ProbeSummary = stock["probe"]
@@ -1074,8 +1226,11 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
     if case.spec_v1:
         checks.extend(spec_v1_checks(stock, patched))
     else:
-        checks.append(Check("stock scheduler waits on verify_done", sprobe.scheduler_calls > 0,
-                            f"{sprobe.scheduler_calls} maybe_wait_verify_done calls"))
+        if case.tree_v2:  # stock is spec v1 there: its verify_done wait returns at once
+            checks.extend(tree_v2_checks(case, stock, patched))
+        else:
+            checks.append(Check("stock scheduler waits on verify_done", sprobe.scheduler_calls > 0,
+                                f"{sprobe.scheduler_calls} maybe_wait_verify_done calls"))
         checks.append(Check("patched never waits on verify_done",
                             bool(pprobe.scheduler_pids) and pprobe.total_calls == 0, f"{pprobe.total_calls} calls"))
     if case.gpus > 1:
@@ -1107,6 +1262,17 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
 # ----------------------------------------------------------------------------- orchestration
 
 
+def with_case_env(env: dict[str, str], case: Case) -> dict[str, str]:
+    """``env`` with the case's own variables (``Case.env``) set, or removed where None."""
+    out = dict(env)
+    for key, value in case.env:
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
 def run_engine(case: Case, mode_name: str, mode: str, spec: dict[str, Any], work: Path, timeout: float,
                log_config: Path) -> dict[str, Any]:
     """One Engine (or server) run of a case, with the port block and GPUs its ``spec`` names."""
@@ -1114,9 +1280,9 @@ def run_engine(case: Case, mode_name: str, mode: str, spec: dict[str, Any], work
     probe_dir = work / f"probe-{tag}"
     probe_dir.mkdir(parents=True, exist_ok=True)
     ports = ge.PortBlock(spec["ports"]["base"]) if spec.get("ports") else None
-    env = ge.subprocess_env(mode, probe_dir, log_config, ports=ports,
-                            cuda_visible_devices=spec.get("cuda_visible_devices"),
-                            probe_funcs=PD_PROBE_FUNCS if case.pd_decode else ())
+    env = with_case_env(ge.subprocess_env(mode, probe_dir, log_config, ports=ports,
+                                          cuda_visible_devices=spec.get("cuda_visible_devices"),
+                                          probe_funcs=PD_PROBE_FUNCS if case.pd_decode else ()), case)
     rc, wall, result, text = ge.run_worker(Path(__file__).resolve(), spec, work, tag, work / f"{tag}.log", env,
                                            timeout)
     print(f"   {tag}: rc {rc}, {wall:.0f} s", flush=True)
@@ -1244,7 +1410,7 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
                     if runs["stock-rerun"].get("error"):
                         errors["stock-rerun"] = runs["stock-rerun"]["error"]
                     checks = adjudicate(workloads[c.profile], checks, runs["stock"], runs["stock-rerun"],
-                                        runs["patched"])
+                                        runs["patched"], c.logprob_tol)
             r = CaseResult(c, not errors and all(x.ok for x in checks), checks, time.perf_counter() - t0, runs,
                            errors=errors, eos_ids=eos_ids)
             print(f"case {c.name}: {r.status.upper()}"
@@ -1265,6 +1431,7 @@ def case_summary(r: CaseResult) -> dict[str, Any]:
         scen = res.get("scenarios", {})
         outs = [o for s in scen.values() for o in (s.get("outputs") or []) if o]
         accepts = [o.get("accept") for o in outs if o.get("accept")]
+        log_accept = run["log"].mean_accept_length
         return {"returncode": run["returncode"], "wall_s": round(run["wall_s"], 1),
                 "startup_s": round(res.get("startup_s") or 0.0, 1),
                 "error": run.get("error"), "log_tail": run.get("log_tail"),
@@ -1272,6 +1439,9 @@ def case_summary(r: CaseResult) -> dict[str, Any]:
                 "sglang_version": res.get("sglang_version"),
                 "ports": run.get("ports"),
                 "mean_accept_length": round(sum(accepts) / len(accepts), 3) if accepts else None,
+                # the same from SGLang's "Decode batch ... accept len: x" lines (one per 40 decode steps)
+                "log_accept_length": round(log_accept, 3) if log_accept is not None else None,
+                "decode_log_lines": len(run["log"].accept_lengths),
                 "scenario_seconds": {k: round(v.get("seconds", 0.0), 1) for k, v in scen.items()},
                 "requests": sum(len(s.get("outputs") or []) for s in scen.values()),
                 "output_tokens": sum(len(o["output_ids"]) for o in outs),
@@ -1325,9 +1495,11 @@ def format_report(summaries: Sequence[dict[str, Any]], fa3: bool | None = None) 
                     lines.extend("      | " + ln for ln in (run.get("log_tail") or "").splitlines())
             continue
         st, pt = s["runs"]["stock"], s["runs"]["patched"]
+        log_accept = (f" (decode log {st.get('log_accept_length')} / {pt.get('log_accept_length')})"
+                      if st.get("log_accept_length") is not None or pt.get("log_accept_length") is not None else "")
         lines.append(f"{status.upper():7} {s['case']['name']}: {pt['requests']} requests, "
-                     f"{pt['output_tokens']} tokens; accept {st['mean_accept_length']} / {pt['mean_accept_length']}; "
-                     f"start {st['startup_s']} / {pt['startup_s']} s; {pt.get('config')}; finish "
+                     f"{pt['output_tokens']} tokens; accept {st['mean_accept_length']} / {pt['mean_accept_length']}"
+                     f"{log_accept}; start {st['startup_s']} / {pt['startup_s']} s; {pt.get('config')}; finish "
                      f"{st.get('finish_counts')} / {pt.get('finish_counts')}")
         for c in s["checks"]:
             if not c["ok"]:
@@ -1390,8 +1562,10 @@ def merge_record_from_docs(docs: Sequence[dict[str, Any]]) -> str:
         if c["passed"] and "stock-rerun" in c["runs"]:
             bad = "passed on a second stock run: " + "; ".join(
                 x["detail"] for x in c["checks"] if x["name"].endswith("match a stock run"))[:300]
+        log_accept = (f" (decode log {s.get('log_accept_length')} / {p.get('log_accept_length')})"
+                      if s.get("log_accept_length") is not None or p.get("log_accept_length") is not None else "")
         lines.append(f"| {c['case']['name']} | {label[status]} | {p.get('config') or '-'} | {p['requests']} | "
-                     f"{p['output_tokens']} | {s['mean_accept_length']} / {p['mean_accept_length']} | "
+                     f"{p['output_tokens']} | {s['mean_accept_length']} / {p['mean_accept_length']}{log_accept} | "
                      f"{', '.join(p['scenario_seconds'])} | {bad} |")
     for c in cases:
         if _status(c) in ("skipped", "error"):
@@ -1463,7 +1637,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.list or not cases:
         for c in cases:
-            print(f"{c.name:36} {c.profile:8} {c.algorithm:10} {c.backend:10} graph={c.cuda_graph} pcg={c.pcg}"
+            print(f"{c.name:48} {c.profile:8} {c.algorithm:10} {c.backend:10} graph={c.cuda_graph} pcg={c.pcg}"
                   + (" (needs FA3)" if c.needs_fa3 else ""))
         return 0 if cases else 2
     t0 = time.perf_counter()

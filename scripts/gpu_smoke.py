@@ -164,6 +164,14 @@ _PID_IN_MSG = re.compile(r"\[pid (\d+)\]")
 _BAD_LEVELS = {"WARNING", "ERROR", "CRITICAL"}
 #: The WARNING the plugin logs (on purpose) when it sends SGLang's auto-chosen tree to spec v1.
 AUTO_TREE_MARK = "speculative decoding because the auto-chosen tree"
+#: The INFO line the plugin logs when an EAGLE tree (topk > 1) runs on spec v2 (the overlap
+#: scheduler) instead of spec v1.
+TREE_V2_MARK = "spec v2 runs the EAGLE tree"
+#: Stock SGLang 0.5.12.x's own line when an explicit tree (topk > 1) goes to spec v1.
+STOCK_TREE_SPEC_V1_MARK = ("Spec v1 is used for eagle/eagle3/standalone speculative decoding because "
+                           "spec v2 currently only supports topk = 1")
+#: ``accept len`` of SGLang's periodic ``Decode batch`` line (speculative decoding only).
+_ACCEPT_LEN = re.compile(r"Decode batch\b.*?\baccept len: (\d+(?:\.\d+)?)")
 
 
 @dataclass
@@ -175,6 +183,17 @@ class LogFindings:
     plugin_lines: list[str] = field(default_factory=list)
     #: Lines saying that an auto-chosen tree runs on spec v1 (back-port auto-tree-spec-v1).
     auto_tree_lines: int = 0
+    #: Lines saying that an EAGLE tree runs on spec v2 (``TREE_V2_MARK``).
+    tree_v2_lines: int = 0
+    #: Stock SGLang's lines sending an explicit tree to spec v1 (``STOCK_TREE_SPEC_V1_MARK``).
+    stock_tree_spec_v1_lines: int = 0
+    #: The ``accept len`` of every ``Decode batch`` line, in log order.
+    accept_lengths: list[float] = field(default_factory=list)
+
+    @property
+    def mean_accept_length(self) -> float | None:
+        """Mean ``accept len`` over the ``Decode batch`` lines (None without any)."""
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else None
 
 
 def scan_log(text: str) -> LogFindings:
@@ -191,6 +210,11 @@ def scan_log(text: str) -> LogFindings:
         if "Failed to execute general plugin" in line or "Failed to load plugin" in line:
             f.bad_lines.append(line)
             continue
+        accept = _ACCEPT_LEN.search(line)
+        if accept:
+            f.accept_lengths.append(float(accept.group(1)))
+        f.tree_v2_lines += int(TREE_V2_MARK in line)
+        f.stock_tree_spec_v1_lines += int(STOCK_TREE_SPEC_V1_MARK in line)
         if PLUGIN not in line:
             continue
         if f"{PLUGIN}: Spec v1 is used for " in line and AUTO_TREE_MARK in line:

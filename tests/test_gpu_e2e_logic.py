@@ -949,3 +949,271 @@ def test_the_auto_tree_line_is_counted_not_reported_as_a_plugin_warning() -> Non
             + MESSAGE % ("EAGLE3", 5, 4, 8))
     found = smoke.scan_log(line + "\n[2026-11-23 22:26:31 WARNING pid=746] sglang_futuremap_patch: other\n")
     assert found.auto_tree_lines == 1 and len(found.bad_lines) == 1 and "other" in found.bad_lines[0]
+
+
+# ----------------------------------------------------------------------------- trees on spec v2
+
+
+TREE_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+
+
+def _tree(kw: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(kw[k] for k in TREE_KEYS)
+
+
+def test_the_tree_v2_group_selects_exactly_the_new_cases() -> None:
+    cases = e2e.select_cases(None, groups=["tree-v2"])
+    assert [c.name for c in cases] == [c.name for c in e2e.tree_v2_cases()] and len(cases) == 12
+    assert [c.name for c in cases] == [c.name for c in e2e.all_cases() if c.name.startswith("treev2-")]
+    assert all(c.tree_v2 and not c.spec_v1 and c.logprob_tol == e2e.TREE_V2_LOGPROB_TOL for c in cases)
+    assert not any(c.tree_v2 for c in e2e.all_cases() if not c.name.startswith("treev2-"))
+    # the old group keeps its four cases; no other group takes a treev2 case
+    assert [c.name for c in e2e.select_cases(None, groups=["tree"])] == [c.name for c in e2e.tree_cases()]
+    others = sorted(g for g in e2e.GROUPS if g != "tree-v2")
+    assert not any(c.tree_v2 for c in e2e.select_cases(None, groups=others))
+    # run_e2e.sh hands its arguments to gpu_e2e.py, whose --group choices are GROUPS
+    assert e2e.build_parser().parse_args(["--group", "tree-v2"]).group == ["tree-v2"]
+    sh = (SCRIPTS / "gpu" / "run_e2e.sh").read_text()
+    assert 'python3 scripts/gpu_e2e.py --models "$MODELS" --out "$OUT" "$@"' in sh and "--group tree-v2" in sh
+
+
+def test_tree_v2_list_prints_the_twelve_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    assert e2e.main(["--group", "tree-v2", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 12 and all(ln.startswith("treev2-") for ln in lines)
+
+
+def test_tree_v2_cases_launch_the_intended_trees(tmp_path: Path) -> None:
+    cases = {c.name: c for c in e2e.tree_v2_cases()}
+    for name, case in cases.items():
+        patched, stock = e2e.engine_kwargs(case, tmp_path), e2e.engine_kwargs(case, tmp_path, stock=True)
+        assert "page_size" not in patched and "page_size" not in stock  # SGLang's default: 1
+        assert patched["disable_cuda_graph"] is stock["disable_cuda_graph"] is (not case.cuda_graph)
+        assert patched["speculative_algorithm"] == case.algorithm
+        if name == "treev2-auto-eagle3-default":
+            # as tree-auto-eagle3-default: SGLang picks the tree (and FA3 + PCG); stock is given both
+            assert case.algorithm == "EAGLE3" and case.backend == "default" and case.pcg and case.needs_fa3
+            assert _tree(patched) == (None, None, None) and _tree(stock) == (5, 4, 8)
+            assert "attention_backend" not in patched and stock["attention_backend"] == "fa3"
+            assert "disable_piecewise_cuda_graph" not in patched and "disable_piecewise_cuda_graph" not in stock
+            continue
+        assert patched == stock  # an explicit tree: the same launch; stock sends it to spec v1 itself
+        assert not case.stock_extra and patched["attention_backend"] == case.backend
+        assert patched["disable_piecewise_cuda_graph"] is (not case.pcg)
+        assert _tree(patched) in ((3, 4, 16), (5, 4, 8)) and "x".join(map(str, _tree(patched))) in name
+        assert case.needs_fa3 is (case.backend == "fa3")
+    explicit = [c for c in cases.values() if not c.stock_extra]
+    standalone = {(c.backend, _tree(dict(c.extra)), c.cuda_graph, c.pcg) for c in explicit
+                  if c.algorithm == "STANDALONE" and c.profile == "matrix"}
+    assert {(b, t) for b, t, g, _ in standalone if g} == {(b, t) for b in ("flashinfer", "fa3", "triton")
+                                                          for t in ((3, 4, 16), (5, 4, 8))}
+    assert {(b, t) for b, t, g, _ in standalone if not g} >= {("flashinfer", (5, 4, 8)), ("triton", (3, 4, 16))}
+    assert [(b, t) for b, t, _, p in standalone if p] == [("fa3", (5, 4, 8))]  # PCG on one FA3 case only
+    (eagle3,) = [c for c in explicit if c.algorithm == "EAGLE3"]
+    assert (eagle3.backend, _tree(dict(eagle3.extra)), eagle3.cuda_graph, eagle3.pcg) == (
+        "triton", (5, 4, 8), True, False)
+    churn = {c.profile: c for c in explicit if c.profile != "matrix"}
+    assert set(churn) == {"eos", "radix"} and all(c.algorithm == "STANDALONE" for c in churn.values())
+    assert (churn["eos"].backend, _tree(dict(churn["eos"].extra))) == ("triton", (3, 4, 16))
+    assert churn["radix"].backend in ("fa3", "flashinfer")
+    # logprobs: the matrix profile's logprob scenario, in every matrix-profile tree case
+    assert any(sc.get("return_logprob") and sc.get("top_logprobs_num") for sc in e2e.scenarios("matrix", 4096))
+    assert sum(c.profile == "matrix" for c in cases.values()) == 10
+
+
+def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Case.env`` reaches both worker processes (the real run_engine, a stand-in worker):
+    ``tree-*`` set SGLANG_FUTUREMAP_TREE_SPEC_V1=1, ``treev2-*`` drop it if the host has it."""
+    for case in e2e.tree_cases():
+        assert case.env == ((e2e.TREE_SPEC_V1_ENV, "1"),) and case.spec_v1 and not case.tree_v2
+    assert e2e.TREE_SPEC_V1_ENV == "SGLANG_FUTUREMAP_TREE_SPEC_V1"
+    assert all(c.env == ((e2e.TREE_SPEC_V1_ENV, None),) for c in e2e.tree_v2_cases())
+    assert not any(c.env for c in e2e.all_cases() if not c.name.startswith(("tree-", "treev2-")))
+    seen: dict[str, dict[str, str]] = {}
+
+    def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
+        seen[name] = env
+        return 0, 1.0, {"pid": 10, "startup_s": 1.0, "scenarios": {}}, ""
+
+    monkeypatch.setattr(ge, "run_worker", fake_worker)
+    monkeypatch.setenv(e2e.TREE_SPEC_V1_ENV, "1")  # as if the GPU host had it set
+    log_config = ge.write_logging_config(tmp_path / "logging.json")
+    for case in e2e.select_cases(["tree-auto-eagle3-default", "treev2-auto-eagle3-default"]):
+        for mode_name, mode in e2e.RUNS:
+            e2e.run_engine(case, mode_name, mode, {"scenarios": []}, tmp_path, 1, log_config)
+    for mode_name, mode in e2e.RUNS:
+        assert seen[f"tree-auto-eagle3-default-{mode_name}"][e2e.TREE_SPEC_V1_ENV] == "1"
+        assert seen[f"tree-auto-eagle3-default-{mode_name}"][smoke.ENV_MODE] == mode
+        assert e2e.TREE_SPEC_V1_ENV not in seen[f"treev2-auto-eagle3-default-{mode_name}"]
+    plain = e2e.select_cases(["retract-*"])[0]
+    assert e2e.with_case_env({"A": "1"}, plain) == {"A": "1"}
+
+
+STOCK_V1_LINE = ("Spec v1 is used for eagle/eagle3/standalone speculative decoding because spec v2 currently only "
+                 "supports topk = 1.")
+TREE_V2_LINE = ("[2026-11-24 10:00:01 INFO pid=10] sglang_futuremap_patch: spec v2 runs the EAGLE tree "
+                "(num_steps=3, eagle_topk=4, num_draft_tokens=16) on the overlap scheduler")
+
+
+def _decode_line(pid: int, accept: float) -> str:
+    return (f"[2026-11-24 10:00:05 INFO pid={pid}] Decode batch, #running-req: 7, #token: 1285, token usage: 0.00, "
+            f"accept len: {accept:.2f}, accept rate: 0.41, cuda graph: True, gen throughput (token/s): 113.87, "
+            f"#queue-req: 0")
+
+
+def _tree_log(mode: str, *, tree_line: bool = True, stock_line: bool = True, accepts=(2.4, 2.1)) -> str:
+    """A synthetic Engine log: the plugin's lines of its mode, the tree lines, decode lines."""
+    if mode == "off":
+        lines = [f"[2026-11-24 10:00:00 INFO pid={p}] sglang_futuremap_patch: disabled by SGLANG_FUTUREMAP_PATCH=off"
+                 for p in (10, 11)]
+        lines += [STOCK_V1_LINE] if stock_line else []
+    else:
+        lines = [f"[2026-11-24 10:00:00 INFO pid={p}] sglang_futuremap_patch: applied 10 back-ports (70 targets) to "
+                 f"SGLang 0.5.12.post1 [pid {p}]: worker-on-publish" for p in (10, 11)]
+        lines += [TREE_V2_LINE] if tree_line else []
+    return "\n".join(lines + [_decode_line(11, a) for a in accepts]) + "\n"
+
+
+def _tree_run(mode: str, effective: dict[str, Any], text: str) -> dict[str, Any]:
+    res = {"pid": 10, "effective": effective, "scenarios": {"r": {"outputs": [_rec([1, 2], accept=1.05)]}}}
+    side = _side(mode, res)
+    side["log"] = smoke.scan_log(text)
+    return side
+
+
+def _tree_eff(tree: tuple[int, int, int], spec_v2: bool, backend: str = "triton") -> dict[str, Any]:
+    return dict({"attention_backend": backend, "page_size": 1, "disable_piecewise_cuda_graph": True,
+                 "disable_cuda_graph": False, "cuda_graph_bs": [1, 2, 4, 8],
+                 "disable_overlap_schedule": not spec_v2}, **dict(zip(TREE_KEYS, tree)))
+
+
+def _failing(case: e2e.Case, stock: dict[str, Any], patched: dict[str, Any]) -> list[str]:
+    scs = [{"name": "r", "kind": "batch", "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True}]}]
+    return [c.name for c in e2e.evaluate_case(case, scs, stock, patched) if not c.ok]
+
+
+def test_tree_v2_checks_need_the_plugin_line_the_stock_line_and_the_same_tree() -> None:
+    case = e2e.select_cases(["treev2-standalone-triton-3x4x16-graph-nopcg"])[0]
+    s_eff, p_eff = _tree_eff((3, 4, 16), False), _tree_eff((3, 4, 16), True)
+    stock, patched = _tree_run("off", s_eff, _tree_log("off")), _tree_run("strict", p_eff, _tree_log("strict"))
+    assert not stock["log"].bad_lines and not patched["log"].bad_lines  # the INFO line is no plugin warning
+    checks = {c.name: c for c in e2e.evaluate_case(case, [], stock, patched)}
+    assert all(c.ok for c in checks.values()), [c for c in checks.values() if not c.ok]
+    assert {"patched and stock resolve to the same server args", "resolved tree (steps, topk, draft tokens) as asked "
+            "on both sides", "patched on spec v2, stock on spec v1", "patched log: one 'spec v2 runs the EAGLE tree' "
+            "line", "stock log: SGLang's spec v1 line for the tree", "patched mean accept length > 1.3",
+            "patched never waits on verify_done"} <= set(checks)
+    assert "stock scheduler waits on verify_done" not in checks  # stock is spec v1
+    assert checks["patched mean accept length > 1.3"].detail == "2.25 (2 decode log lines)"
+    assert _failing(case, stock, _tree_run("strict", p_eff, _tree_log("strict", tree_line=False))) == [
+        "patched log: one 'spec v2 runs the EAGLE tree' line"]
+    twice = _tree_log("strict") + TREE_V2_LINE + "\n"
+    assert _failing(case, stock, _tree_run("strict", p_eff, twice)) == [
+        "patched log: one 'spec v2 runs the EAGLE tree' line"]
+    assert _failing(case, _tree_run("off", s_eff, _tree_log("off", stock_line=False)), patched) == [
+        "stock log: SGLang's spec v1 line for the tree"]
+    assert _failing(case, stock, _tree_run("strict", _tree_eff((3, 4, 16), False), _tree_log("strict"))) == [
+        "patched on spec v2, stock on spec v1"]
+    assert set(_failing(case, stock, _tree_run("strict", _tree_eff((5, 4, 8), True), _tree_log("strict")))) == {
+        "patched and stock resolve to the same server args", "resolved tree (steps, topk, draft tokens) as asked on "
+        "both sides"}
+    other_backend = _tree_run("strict", dict(p_eff, attention_backend="flashinfer"), _tree_log("strict"))
+    assert _failing(case, stock, other_backend) == ["patched and stock resolve to the same server args"]
+    assert _failing(case, stock, _tree_run("strict", p_eff, _tree_log("strict", accepts=(1.1, 1.2)))) == [
+        "patched mean accept length > 1.3"]
+    # no decode line: the requests' own spec_accept_length (1.05 here) stands in
+    no_lines = _tree_run("strict", p_eff, _tree_log("strict", accepts=()))
+    assert e2e.accept_length(no_lines) == (1.05, "requests' spec_accept_length (no decode log line)")
+    assert _failing(case, stock, no_lines) == ["patched mean accept length > 1.3"]
+    waited = _tree_run("strict", p_eff, _tree_log("strict"))
+    waited["probe"] = smoke.ProbeSummary([], [11], 2, 2, ["settrace"])
+    assert _failing(case, stock, waited) == ["patched never waits on verify_done"]
+
+
+def test_tree_v2_auto_case_must_resolve_to_sglangs_tree_and_eagle3_has_no_accept_floor() -> None:
+    auto = e2e.select_cases(["treev2-auto-eagle3-default"])[0]
+    stock = _tree_run("off", _tree_eff((5, 4, 8), False, "fa3"), _tree_log("off", accepts=(1.02,)))
+    good = _tree_run("strict", _tree_eff((5, 4, 8), True, "fa3"), _tree_log("strict", accepts=(1.02,)))
+    assert _failing(auto, stock, good) == []  # EAGLE3's ~1 token a step is fine: no accept check
+    assert "resolved tree (steps, topk, draft tokens) as asked on both sides" in _failing(
+        auto, _tree_run("off", _tree_eff((3, 4, 16), False, "fa3"), _tree_log("off")),
+        _tree_run("strict", _tree_eff((3, 4, 16), True, "fa3"), _tree_log("strict")))
+    # the old tree-* cases: spec v1 on both sides, the auto-tree WARNING, no spec-v2 tree line
+    old = e2e.select_cases(["tree-auto-eagle3-default"])[0]
+    from sglang_futuremap_patch.backports.auto_tree_spec_v1 import MESSAGE
+
+    warn = ("[2026-11-24 10:00:01 WARNING pid=10] sglang_futuremap_patch: " + MESSAGE % ("EAGLE3", 5, 4, 8))
+    v1 = _tree_eff((5, 4, 8), False, "fa3")
+    stock_v1 = _tree_run("off", v1, _tree_log("off"))
+    kept = _tree_run("strict", v1, _tree_log("strict", tree_line=False) + warn + "\n")
+    assert _failing(old, stock_v1, kept) == []
+    went_v2 = _tree_run("strict", v1, _tree_log("strict") + warn + "\n")
+    assert _failing(old, stock_v1, went_v2) == ["patched log: no 'spec v2 runs the EAGLE tree' line "
+                                                "(SGLANG_FUTUREMAP_TREE_SPEC_V1=1)"]
+
+
+def test_accept_length_parser_on_sglang_decode_lines() -> None:
+    line = ("[2026-11-22 03:22:19 INFO pid=2564] Decode batch, #running-req: 5, #token: 1285, token usage: 0.00, "
+            "accept len: 2.13, accept rate: 0.59, cuda graph: False, gen throughput (token/s): 113.87, #queue-req: 0")
+    assert smoke.scan_log(line).accept_lengths == [2.13]
+    text = "\n".join([
+        line,
+        "Decode batch, #running-req: 1, #token: 50, token usage: 0.00, accept len: 3.00, accept rate: 0.67, "
+        "cuda graph: True, gen throughput (token/s): 10.00, #queue-req: 0",  # no log format
+        "[2026-11-22 03:22:20 INFO pid=2564] Decode batch, #running-req: 5, #token: 1285, token usage: 0.00, "
+        "cuda graph: False, gen throughput (token/s): 113.87, #queue-req: 0",  # no speculative decoding
+        "[2026-11-22 03:22:18 INFO pid=2564] Prefill batch, #new-seq: 1, #new-token: 18, accept len: 9.99",
+    ])
+    found = smoke.scan_log(text)
+    assert found.accept_lengths == [2.13, 3.0] and found.mean_accept_length == pytest.approx(2.565)
+    assert smoke.scan_log("no decode here").mean_accept_length is None
+    # recorded per run in the case summary and shown in the report
+    case = e2e.select_cases(["treev2-standalone-triton-3x4x16-graph-nopcg"])[0]
+    stock = _tree_run("off", _tree_eff((3, 4, 16), False), _tree_log("off", accepts=(2.0, 2.5)))
+    patched = _tree_run("strict", _tree_eff((3, 4, 16), True), _tree_log("strict", accepts=(2.4, 2.1)))
+    for run in (stock, patched):
+        run.update(config_label="triton, PCG off, page 1", ports=None)
+    checks = e2e.evaluate_case(case, [], stock, patched)
+    summary = e2e.case_summary(e2e.CaseResult(case, all(c.ok for c in checks), checks, 1.0,
+                                              {"stock": stock, "patched": patched}))
+    runs = summary["runs"]
+    assert runs["stock"]["log_accept_length"] == runs["patched"]["log_accept_length"] == 2.25
+    assert runs["patched"]["decode_log_lines"] == 2 and runs["patched"]["mean_accept_length"] == 1.05
+    assert summary["case"]["tree_v2"] is True and json.loads(json.dumps(summary))["case"]["env"] == [
+        ["SGLANG_FUTUREMAP_TREE_SPEC_V1", None]]
+    report = e2e.format_report([summary])
+    assert "accept 1.05 / 1.05 (decode log 2.25 / 2.25)" in report and report.startswith("PASSED  treev2-")
+    record = e2e.merge_record_from_docs([{"environment": {"date": "2026-11-24", "command": "x", "wall_s": 1,
+                                                          "fa3": True}, "cases": [summary]}])
+    assert "| 1.05 / 1.05 (decode log 2.25 / 2.25) |" in record
+
+
+def test_tree_v2_logprobs_compare_within_a_tolerance_and_ids_exactly() -> None:
+    sc = {"name": "logprob", "kind": "batch", "return_logprob": True,
+          "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True}]}
+
+    def out(ids, lp, top):
+        return {"outputs": [_rec(ids, logprobs=[[lp, ids[0]], [lp, ids[1]]],
+                                 top_logprobs=[[[top, ids[0]], [top - 1.0, 9]], None])]}
+
+    stock = out([5, 6], -0.5, -0.5)
+    tol = e2e.TREE_V2_LOGPROB_TOL
+    assert tol == 1e-3 and ": logprobs within 0.001" in e2e.MISMATCH_CHECKS  # a mismatch there reruns stock
+    names = {c.name: c.ok for c in e2e.compare_scenario(sc, stock, out([5, 6], -0.5004, -0.4996), tol)}
+    assert names == {"logprob: outputs identical": True, "logprob: lengths as requested": True,
+                     "logprob: logprobs within 0.001": True}
+    assert not dict((c.name, c.ok) for c in e2e.compare_scenario(sc, stock, out([5, 6], -0.5004, -0.5)))[
+        "logprob: logprobs identical"]  # the other cases: bit for bit
+    far = {c.name: c.ok for c in e2e.compare_scenario(sc, stock, out([5, 6], -0.51, -0.5), tol)}
+    assert far["logprob: logprobs within 0.001"] is False and far["logprob: outputs identical"] is True
+    ids = [c for c in e2e.compare_scenario(sc, stock, out([5, 7], -0.5, -0.5), tol) if not c.ok]
+    assert ids[0].name == "logprob: outputs identical" and "(0, 1)" in ids[0].detail  # first differing token kept
+    assert not e2e._close([[-0.5, 5]], [[-0.5, 6]], tol) and not e2e._close([[-0.5, 5]], [[-0.5, 5], [0.0, 1]], tol)
+    # a second stock run judges a logprob mismatch with the same tolerance
+    far_run = out([5, 6], -0.51, -0.5)
+    bad = e2e.compare_scenario(sc, stock, far_run, tol)
+    rerun = {"returncode": 0, "result": {"scenarios": {"logprob": out([5, 6], -0.5095, -0.5)}}}
+    adj = e2e.adjudicate([sc], bad, {"result": {"scenarios": {"logprob": stock}}}, rerun,
+                         {"result": {"scenarios": {"logprob": far_run}}}, tol)
+    assert all(c.ok for c in adj) and any(c.name == "logprob: patched logprobs match a stock run" for c in adj)
