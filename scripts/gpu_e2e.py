@@ -348,6 +348,14 @@ def tree_v2_cases() -> list[Case]:
                       spec_tree(3, 4, 16), **v2))
     cases.append(Case("treev2-radix-standalone-flashinfer-5x4x8", "STANDALONE", "flashinfer", True, False, "radix",
                       spec_tree(5, 4, 8), **v2))
+    # The same trees with batch-invariant kernels on both sides: spec v1 and spec v2 run
+    # different draft extends, so their drafts, and with them the verify batches' shapes,
+    # differ; with SGLang's deterministic inference a request's logits no longer depend on them.
+    det = (("enable_deterministic_inference", True),)
+    for backend, tree, graph in (("flashinfer", (5, 4, 8), True), ("fa3", (3, 4, 16), True),
+                                 ("triton", (3, 4, 16), True), ("triton", (5, 4, 8), False)):
+        cases.append(Case(f"treev2det-standalone-{backend}-{'x'.join(map(str, tree))}-{_graph_name(graph, False)}",
+                          "STANDALONE", backend, graph, False, "matrix", spec_tree(*tree) + det, **v2))
     return cases
 
 
@@ -362,6 +370,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "mtp": ("mtp-*",),
     "tree": ("tree-*",),
     "tree-v2": ("treev2-*",),
+    "tree-v2-det": ("treev2det-*",),
 }
 
 
