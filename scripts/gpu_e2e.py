@@ -60,7 +60,7 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
 * EAGLE trees (topk > 1). Stock 0.5.12.x runs an explicit tree on spec v1 and crashes on
   SGLang's auto-chosen one (Llama + EAGLE3, no spec flags: 5 / 4 / 8), so the auto cases' oracle
   is stock given that tree explicitly. ``tree-*`` (``--group tree``): the auto tree with the
-  plugin kept on spec v1 (``SGLANG_FUTUREMAP_TREE_SPEC_V1=1``, passed through ``Case.env``):
+  plugin kept on spec v1 (``SGLANG_FUTUREMAP_TREE_SPEC_V2`` unset, through ``Case.env``):
   FA3 + PCG, Triton, Triton with the ``eos`` churn, ``launch_server``. ``treev2-*`` (``--group
   tree-v2``): the patched run on spec v2, stock on spec v1: the auto tree on FA3 + PCG,
   explicit trees 3 / 4 / 16 and 5 / 4 / 8 with the STANDALONE draft on FlashInfer, FA3 and
@@ -297,7 +297,7 @@ AUTO_SPEC = (("speculative_num_steps", None), ("speculative_eagle_topk", None),
 AUTO_TREE = (("speculative_num_steps", 5), ("speculative_eagle_topk", 4), ("speculative_num_draft_tokens", 8))
 SPEC_TREE_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
 #: Set to 1, the plugin keeps EAGLE trees on spec v1 (its behaviour before trees ran on spec v2).
-TREE_SPEC_V1_ENV = "SGLANG_FUTUREMAP_TREE_SPEC_V1"
+TREE_SPEC_V2_ENV = "SGLANG_FUTUREMAP_TREE_SPEC_V2"
 
 
 def spec_tree(steps: int, topk: int, draft_tokens: int) -> tuple[tuple[str, int], ...]:
@@ -307,11 +307,11 @@ def spec_tree(steps: int, topk: int, draft_tokens: int) -> tuple[tuple[str, int]
 
 def tree_cases() -> list[Case]:
     """SGLang's auto-chosen tree with the plugin kept on spec v1 (back-port auto-tree-spec-v1,
-    ``SGLANG_FUTUREMAP_TREE_SPEC_V1=1``) against stock SGLang given the same tree explicitly, on
+    ``SGLANG_FUTUREMAP_TREE_SPEC_V2`` unset) against stock SGLang given the same tree explicitly, on
     the backend the auto path ends up with: FA3 with piecewise CUDA graph on Hopper (stock
     names no backend for the auto path, but an explicit tree would pick FlashInfer there, so the
     oracle names FA3), and Triton."""
-    v1 = ((TREE_SPEC_V1_ENV, "1"),)
+    v1 = ((TREE_SPEC_V2_ENV, None),)  # spec v2 trees are opt-in: the default
     cases = [Case("tree-auto-eagle3-default", "EAGLE3", "default", True, True, "matrix", AUTO_SPEC,
                   stock_extra=AUTO_TREE + (("attention_backend", "fa3"),), env=v1)]
     cases.append(Case("tree-auto-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix",
@@ -333,7 +333,7 @@ def tree_v2_cases() -> list[Case]:
     accepted (the EAGLE3 draft gets ~1 token a step: one case). SGLang's auto-chosen tree
     (5 / 4 / 8) against stock given it explicitly, as ``tree-auto-eagle3-default``. The matrix
     profile's ``logprob`` scenario compares logprobs (within ``TREE_V2_LOGPROB_TOL``)."""
-    v2 = {"env": ((TREE_SPEC_V1_ENV, None),), "tree_v2": True}  # never inherit the spec-v1 switch
+    v2 = {"env": ((TREE_SPEC_V2_ENV, "1"),), "tree_v2": True}  # the opt-in
     cases = [Case("treev2-auto-eagle3-default", "EAGLE3", "default", True, True, "matrix", AUTO_SPEC,
                   stock_extra=AUTO_TREE + (("attention_backend", "fa3"),), **v2)]
     for backend, tree, graph, pcg in (("flashinfer", (3, 4, 16), True, False), ("flashinfer", (5, 4, 8), True, False),
@@ -1144,7 +1144,7 @@ def spec_v1_checks(stock: dict[str, Any], patched: dict[str, Any]) -> list[Check
               f"disable_overlap_schedule {[e.get('disable_overlap_schedule') for e in eff.values()]}"),
         Check("patched log: one auto-tree spec v1 line", patched["log"].auto_tree_lines == 1,
               f"{patched['log'].auto_tree_lines} lines"),
-        Check(f"patched log: no '{smoke.TREE_V2_MARK}' line ({TREE_SPEC_V1_ENV}=1)", patched["log"].tree_v2_lines == 0,
+        Check(f"patched log: no '{smoke.TREE_V2_MARK}' line ({TREE_SPEC_V2_ENV} unset)", patched["log"].tree_v2_lines == 0,
               f"{patched['log'].tree_v2_lines} lines"),
     ]
     return checks

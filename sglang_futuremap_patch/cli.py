@@ -50,12 +50,12 @@ def _unavailable(verdict: Verdict) -> int:
 
 def _tree_choice() -> str:
     """Where EAGLE trees (topk > 1) run, as the environment decides it."""
-    from sglang_futuremap_patch.backports.spec_v2_tree import KEEP_V1_ENV
+    from sglang_futuremap_patch.backports.spec_v2_tree import OPT_IN_ENV
 
-    if os.environ.get(KEEP_V1_ENV, "").strip().lower() in ("1", "true", "yes"):
-        return f"spec v1, as in stock SGLang ({KEEP_V1_ENV} is set)"
-    return (f"spec v2 where covered (page size 1, Triton/FlashInfer/FA3, Llama/Qwen2/Qwen3 "
-            f"targets); {KEEP_V1_ENV}=1 keeps spec v1")
+    if os.environ.get(OPT_IN_ENV, "").strip().lower() in ("1", "true", "yes"):
+        return (f"spec v2 where covered (page size 1, Triton/FlashInfer/FA3, Llama/Qwen2/Qwen3 "
+                f"targets; {OPT_IN_ENV} is set)")
+    return f"spec v1, as in stock SGLang ({OPT_IN_ENV}=1 for spec v2: opt-in, not yet proven token-identical)"
 
 
 def _print_report(report: Report) -> None:

@@ -1024,11 +1024,11 @@ def test_tree_v2_cases_launch_the_intended_trees(tmp_path: Path) -> None:
 def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``Case.env`` reaches both worker processes (the real run_engine, a stand-in worker):
-    ``tree-*`` set SGLANG_FUTUREMAP_TREE_SPEC_V1=1, ``treev2-*`` drop it if the host has it."""
+    ``tree-*`` drop SGLANG_FUTUREMAP_TREE_SPEC_V2 (spec v1, the default), ``treev2-*`` set it."""
     for case in e2e.tree_cases():
-        assert case.env == ((e2e.TREE_SPEC_V1_ENV, "1"),) and case.spec_v1 and not case.tree_v2
-    assert e2e.TREE_SPEC_V1_ENV == "SGLANG_FUTUREMAP_TREE_SPEC_V1"
-    assert all(c.env == ((e2e.TREE_SPEC_V1_ENV, None),) for c in e2e.tree_v2_cases())
+        assert case.env == ((e2e.TREE_SPEC_V2_ENV, None),) and case.spec_v1 and not case.tree_v2
+    assert e2e.TREE_SPEC_V2_ENV == "SGLANG_FUTUREMAP_TREE_SPEC_V2"
+    assert all(c.env == ((e2e.TREE_SPEC_V2_ENV, "1"),) for c in e2e.tree_v2_cases())
     assert not any(c.env for c in e2e.all_cases() if not c.name.startswith(("tree-", "treev2-")))
     seen: dict[str, dict[str, str]] = {}
 

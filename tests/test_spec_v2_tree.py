@@ -25,7 +25,8 @@ EXPLICIT_TREE = dict(speculative_num_steps=3, speculative_eagle_topk=4, speculat
 
 
 @pytest.fixture
-def patched(clean_state):
+def patched(clean_state, monkeypatch):
+    monkeypatch.setenv("SGLANG_FUTUREMAP_TREE_SPEC_V2", "1")  # opt-in for now
     activate_backport()
 
 
@@ -75,8 +76,8 @@ def test_trees_stay_on_spec_v1_where_not_covered_or_asked(patched, models, caplo
     caplog.set_level(logging.INFO)
     extra = dict(attention_backend="flashinfer", **EXPLICIT_TREE)
     expected_v1 = True
-    if case == "keep-v1-env":
-        monkeypatch.setenv("SGLANG_FUTUREMAP_TREE_SPEC_V1", "1")
+    if case == "keep-v1-env":  # the default: spec v2 trees are opt-in
+        monkeypatch.delenv("SGLANG_FUTUREMAP_TREE_SPEC_V2")
     elif case == "page16":
         extra["page_size"] = 16
     elif case == "overlap-off":
@@ -112,8 +113,8 @@ def test_why_a_tree_stays_on_spec_v1(patched, models, monkeypatch):
     other.get_model_config = lambda: SimpleNamespace(
         hf_config=SimpleNamespace(architectures=["Qwen3NextForCausalLM"]))
     assert "Qwen3NextForCausalLM" in spec_v2_tree_unsupported(other)
-    monkeypatch.setenv("SGLANG_FUTUREMAP_TREE_SPEC_V1", "1")
-    assert "SGLANG_FUTUREMAP_TREE_SPEC_V1" in spec_v2_tree_unsupported(args)
+    monkeypatch.delenv("SGLANG_FUTUREMAP_TREE_SPEC_V2")
+    assert "SGLANG_FUTUREMAP_TREE_SPEC_V2" in spec_v2_tree_unsupported(args)
 
 
 def test_the_patch_logs_the_plugins_words():
