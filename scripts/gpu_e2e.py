@@ -216,7 +216,7 @@ def all_cases() -> list[Case]:
     # in the soak, so that any difference is the plugin's.
     cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))))
-    return cases + fa3_cases() + deployment_cases() + multilayer_cases() + tree_cases() + tree_v2_cases()
+    return cases + fa3_cases() + deployment_cases() + multilayer_cases() + tree_cases() + tree_v2_cases() + tree_v2_det_cases()
 
 
 def fa3_cases() -> list[Case]:
@@ -348,9 +348,15 @@ def tree_v2_cases() -> list[Case]:
                       spec_tree(3, 4, 16), **v2))
     cases.append(Case("treev2-radix-standalone-flashinfer-5x4x8", "STANDALONE", "flashinfer", True, False, "radix",
                       spec_tree(5, 4, 8), **v2))
-    # The same trees with batch-invariant kernels on both sides: spec v1 and spec v2 run
-    # different draft extends, so their drafts, and with them the verify batches' shapes,
-    # differ; with SGLang's deterministic inference a request's logits no longer depend on them.
+    return cases
+
+
+def tree_v2_det_cases() -> list[Case]:
+    """The same trees with batch-invariant kernels on both sides: spec v1 and spec v2 run
+    different draft extends, so their drafts, and with them the verify batches' shapes,
+    differ; with SGLang's deterministic inference a request's logits depend less on them."""
+    v2 = {"env": ((TREE_SPEC_V2_ENV, "1"),), "tree_v2": True}
+    cases = []
     det = (("enable_deterministic_inference", True),)
     for backend, tree, graph in (("flashinfer", (5, 4, 8), True), ("fa3", (3, 4, 16), True),
                                  ("triton", (3, 4, 16), True), ("triton", (5, 4, 8), False)):

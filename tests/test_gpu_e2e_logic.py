@@ -963,13 +963,15 @@ def _tree(kw: dict[str, Any]) -> tuple[Any, ...]:
 
 def test_the_tree_v2_group_selects_exactly_the_new_cases() -> None:
     cases = e2e.select_cases(None, groups=["tree-v2"])
-    assert [c.name for c in cases] == [c.name for c in e2e.tree_v2_cases()] and len(cases) == 12
+    assert [c.name for c in cases] == [c.name for c in e2e.tree_v2_cases()]
+    assert len(cases) == 12
     assert [c.name for c in cases] == [c.name for c in e2e.all_cases() if c.name.startswith("treev2-")]
     assert all(c.tree_v2 and not c.spec_v1 and c.logprob_tol == e2e.TREE_V2_LOGPROB_TOL for c in cases)
-    assert not any(c.tree_v2 for c in e2e.all_cases() if not c.name.startswith("treev2-"))
+    assert not any(c.tree_v2 for c in e2e.all_cases() if not c.name.startswith("treev2"))
+    assert all(c.tree_v2 for c in e2e.tree_v2_det_cases())
     # the old group keeps its four cases; no other group takes a treev2 case
     assert [c.name for c in e2e.select_cases(None, groups=["tree"])] == [c.name for c in e2e.tree_cases()]
-    others = sorted(g for g in e2e.GROUPS if g != "tree-v2")
+    others = sorted(g for g in e2e.GROUPS if g not in ("tree-v2", "tree-v2-det"))
     assert not any(c.tree_v2 for c in e2e.select_cases(None, groups=others))
     # run_e2e.sh hands its arguments to gpu_e2e.py, whose --group choices are GROUPS
     assert e2e.build_parser().parse_args(["--group", "tree-v2"]).group == ["tree-v2"]
@@ -1029,7 +1031,7 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
         assert case.env == ((e2e.TREE_SPEC_V2_ENV, None),) and case.spec_v1 and not case.tree_v2
     assert e2e.TREE_SPEC_V2_ENV == "SGLANG_FUTUREMAP_TREE_SPEC_V2"
     assert all(c.env == ((e2e.TREE_SPEC_V2_ENV, "1"),) for c in e2e.tree_v2_cases())
-    assert not any(c.env for c in e2e.all_cases() if not c.name.startswith(("tree-", "treev2-")))
+    assert not any(c.env for c in e2e.all_cases() if not c.name.startswith(("tree-", "treev2-", "treev2det-")))
     seen: dict[str, dict[str, str]] = {}
 
     def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
@@ -1037,15 +1039,15 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
         return 0, 1.0, {"pid": 10, "startup_s": 1.0, "scenarios": {}}, ""
 
     monkeypatch.setattr(ge, "run_worker", fake_worker)
-    monkeypatch.setenv(e2e.TREE_SPEC_V1_ENV, "1")  # as if the GPU host had it set
+    monkeypatch.setenv(e2e.TREE_SPEC_V2_ENV, "1")  # as if the GPU host had it set
     log_config = ge.write_logging_config(tmp_path / "logging.json")
     for case in e2e.select_cases(["tree-auto-eagle3-default", "treev2-auto-eagle3-default"]):
         for mode_name, mode in e2e.RUNS:
             e2e.run_engine(case, mode_name, mode, {"scenarios": []}, tmp_path, 1, log_config)
     for mode_name, mode in e2e.RUNS:
-        assert seen[f"tree-auto-eagle3-default-{mode_name}"][e2e.TREE_SPEC_V1_ENV] == "1"
+        assert e2e.TREE_SPEC_V2_ENV not in seen[f"tree-auto-eagle3-default-{mode_name}"]
         assert seen[f"tree-auto-eagle3-default-{mode_name}"][smoke.ENV_MODE] == mode
-        assert e2e.TREE_SPEC_V1_ENV not in seen[f"treev2-auto-eagle3-default-{mode_name}"]
+        assert seen[f"treev2-auto-eagle3-default-{mode_name}"][e2e.TREE_SPEC_V2_ENV] == "1"
     plain = e2e.select_cases(["retract-*"])[0]
     assert e2e.with_case_env({"A": "1"}, plain) == {"A": "1"}
 
@@ -1150,7 +1152,7 @@ def test_tree_v2_auto_case_must_resolve_to_sglangs_tree_and_eagle3_has_no_accept
     assert _failing(old, stock_v1, kept) == []
     went_v2 = _tree_run("strict", v1, _tree_log("strict") + warn + "\n")
     assert _failing(old, stock_v1, went_v2) == ["patched log: no 'spec v2 runs the EAGLE tree' line "
-                                                "(SGLANG_FUTUREMAP_TREE_SPEC_V1=1)"]
+                                                "(SGLANG_FUTUREMAP_TREE_SPEC_V2 unset)"]
 
 
 def test_accept_length_parser_on_sglang_decode_lines() -> None:
@@ -1181,7 +1183,7 @@ def test_accept_length_parser_on_sglang_decode_lines() -> None:
     assert runs["stock"]["log_accept_length"] == runs["patched"]["log_accept_length"] == 2.25
     assert runs["patched"]["decode_log_lines"] == 2 and runs["patched"]["mean_accept_length"] == 1.05
     assert summary["case"]["tree_v2"] is True and json.loads(json.dumps(summary))["case"]["env"] == [
-        ["SGLANG_FUTUREMAP_TREE_SPEC_V1", None]]
+        ["SGLANG_FUTUREMAP_TREE_SPEC_V2", "1"]]
     report = e2e.format_report([summary])
     assert "accept 1.05 / 1.05 (decode log 2.25 / 2.25)" in report and report.startswith("PASSED  treev2-")
     record = e2e.merge_record_from_docs([{"environment": {"date": "2026-11-24", "command": "x", "wall_s": 1,
