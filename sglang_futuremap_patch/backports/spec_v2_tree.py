@@ -54,7 +54,7 @@ import torch
 
 from sglang_futuremap_patch._api import PREFIX
 from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit, announce
-from sglang_futuremap_patch.backports.auto_tree_spec_v1 import _EAGLE_FAMILY
+from sglang_futuremap_patch.backports.auto_tree_spec_v1 import _AUTO_CHOICE_EDITS, _EAGLE_FAMILY
 
 #: Set to 1 to run EAGLE trees on spec v2 (opt-in: on the GPU the outputs are not yet shown
 #: token-identical to stock spec v1, see results/gpu-e2e/h100-tree-v2).
@@ -150,23 +150,8 @@ _SERVER_ARGS_EDITS = (
 """,
     ),
     TextEdit(
-        old="""\
-                # The spec v1/v2 decision above ran while topk was unset; spec v2 in this
-                # release supports topk = 1 only, so an auto-chosen tree goes to spec v1.
-                if self.speculative_eagle_topk > 1 and not self.disable_overlap_schedule:
-                    self.disable_overlap_schedule = True
-                    logger.warning(
-                        "Spec v1 is used for %s speculative decoding because the auto-chosen tree "
-                        "(num_steps=%d, eagle_topk=%d, num_draft_tokens=%d) needs topk > 1 and spec v2 in this "
-                        "SGLang release supports topk = 1 only (it would crash at the first decode). "
-                        "For spec v2, pass --speculative-num-steps 3 --speculative-eagle-topk 1 "
-                        "--speculative-num-draft-tokens 4.",
-                        self.speculative_algorithm,
-                        self.speculative_num_steps,
-                        self.speculative_eagle_topk,
-                        self.speculative_num_draft_tokens,
-                    )
-""",
+        # Back-port 9's auto-tree switch as its edit inserted it (after the auto choice).
+        old=_AUTO_CHOICE_EDITS[0].new.split("\n", 1)[1][:-1],
         new="""\
                 # The spec v1/v2 decision above ran while topk was unset: an auto-chosen
                 # tree that spec v2 does not run here goes to spec v1.
