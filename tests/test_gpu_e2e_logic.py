@@ -321,7 +321,7 @@ def test_run_cases_shares_one_workload_per_profile(tmp_path: Path, monkeypatch: 
     (tmp_path / "target" / "config.json").write_text('{"vocab_size": 4096}')
     seen: dict[str, Any] = {}
 
-    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config):
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config, site=None):
         seen[(case.name, mode_name)] = spec["scenarios"]
         res = {"pid": 10, "scenarios": {sc["name"]: {"outputs": []} for sc in spec["scenarios"]}}
         return _fake_run(res, applied=() if mode == "off" else (10, 11), disabled=2 if mode == "off" else 0,
@@ -344,7 +344,7 @@ def test_tp2_cases_are_skipped_on_one_gpu_and_engines_spread_over_several(tmp_pa
     (tmp_path / "target" / "config.json").write_text('{"vocab_size": 4096}')
     placed: dict[tuple[str, str], str] = {}
 
-    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config):
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config, site=None):
         placed[(case.name, mode_name)] = spec["cuda_visible_devices"]
         assert spec["server"] is case.server
         res = {"pid": 10, "scenarios": {sc["name"]: {"outputs": []} for sc in spec["scenarios"]}}
@@ -503,7 +503,7 @@ def test_run_cases_reruns_stock_once_on_a_mismatch(tmp_path: Path, monkeypatch: 
     (tmp_path / "target" / "config.json").write_text('{"vocab_size": 4096}')
     calls: list[str] = []
 
-    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config):
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config, site=None):
         calls.append(mode_name)
         sc = spec["scenarios"][0]
         n = len(sc["input_ids"])
@@ -537,7 +537,7 @@ def test_every_engine_of_a_run_gets_ports_no_other_engine_uses(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
 
-    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config):
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config, site=None):
         seen[(case.name, mode_name)] = (spec["engine_kwargs"], spec["ports"])
         res = {"pid": 10, "scenarios": {sc["name"]: {"outputs": []} for sc in spec["scenarios"]}}
         if case.profile == "retract":
@@ -603,7 +603,7 @@ def test_an_engine_that_did_not_start_is_a_harness_error_not_a_mismatch(tmp_path
 def test_cases_that_need_fa3_are_skipped_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
 
-    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config):
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config, site=None):
         ran.append(case.name)
         res = {"pid": 10, "scenarios": {sc["name"]: {"outputs": []} for sc in spec["scenarios"]}}
         return _side(mode, res)
@@ -1006,7 +1006,7 @@ def test_tree_v2_cases_launch_the_intended_trees(tmp_path: Path) -> None:
         assert case.needs_fa3 is (case.backend == "fa3")
     explicit = [c for c in cases.values() if not c.stock_extra]
     standalone = {(c.backend, _tree(dict(c.extra)), c.cuda_graph, c.pcg) for c in explicit
-                  if c.algorithm == "STANDALONE" and c.profile == "matrix"}
+                  if c.algorithm == "STANDALONE" and c.profile == "tree"}
     assert {(b, t) for b, t, g, _ in standalone if g} == {(b, t) for b in ("flashinfer", "fa3", "triton")
                                                           for t in ((3, 4, 16), (5, 4, 8))}
     assert {(b, t) for b, t, g, _ in standalone if not g} >= {("flashinfer", (5, 4, 8)), ("triton", (3, 4, 16))}
@@ -1014,13 +1014,17 @@ def test_tree_v2_cases_launch_the_intended_trees(tmp_path: Path) -> None:
     (eagle3,) = [c for c in explicit if c.algorithm == "EAGLE3"]
     assert (eagle3.backend, _tree(dict(eagle3.extra)), eagle3.cuda_graph, eagle3.pcg) == (
         "triton", (5, 4, 8), True, False)
-    churn = {c.profile: c for c in explicit if c.profile != "matrix"}
+    churn = {c.profile: c for c in explicit if c.profile != "tree"}
     assert set(churn) == {"eos", "radix"} and all(c.algorithm == "STANDALONE" for c in churn.values())
     assert (churn["eos"].backend, _tree(dict(churn["eos"].extra))) == ("triton", (3, 4, 16))
     assert churn["radix"].backend in ("fa3", "flashinfer")
-    # logprobs: the matrix profile's logprob scenario, in every matrix-profile tree case
-    assert any(sc.get("return_logprob") and sc.get("top_logprobs_num") for sc in e2e.scenarios("matrix", 4096))
-    assert sum(c.profile == "matrix" for c in cases.values()) == 10
+    # the tree profile: the matrix workload (same prompts), every scenario with top-2 logprobs
+    tree, matrix = e2e.scenarios("tree", 4096), e2e.scenarios("matrix", 4096)
+    assert [sc["name"] for sc in tree] == [sc["name"] for sc in matrix]
+    assert all(sc.get("input_ids") == m.get("input_ids") for sc, m in zip(tree, matrix))
+    assert all(sc["return_logprob"] and sc["top_logprobs_num"] >= 2 for sc in tree)
+    assert sum(c.profile == "tree" for c in cases.values()) == 10
+    assert all(c.upstream for c in cases.values()) and all(c.upstream for c in e2e.tree_v2_det_cases())
 
 
 def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
@@ -1219,3 +1223,95 @@ def test_tree_v2_logprobs_compare_within_a_tolerance_and_ids_exactly() -> None:
     adj = e2e.adjudicate([sc], bad, {"result": {"scenarios": {"logprob": stock}}}, rerun,
                          {"result": {"scenarios": {"logprob": far_run}}}, tol)
     assert all(c.ok for c in adj) and any(c.name == "logprob: patched logprobs match a stock run" for c in adj)
+
+
+# ----------------------------------------------------------------------------- near-ties
+
+
+def _lp_rec(ids: list[int], tops: list[list[tuple[float, int]]], **kw: Any) -> dict[str, Any]:
+    """A greedy output with its logprobs: ``tops[k]`` the top-2 (logprob, id) of position k."""
+    return _rec(ids, logprobs=[[t[0][0], i] for t, i in zip(tops, ids)],
+                top_logprobs=[[[lp, tid] for lp, tid in t] for t in tops], **kw)
+
+
+def test_first_difference_is_a_near_tie_only_when_both_sides_swap_two_close_candidates() -> None:
+    common = [[(-0.1, 7), (-3.0, 8)]]
+    stock = _lp_rec([7, 11, 12], common + [[(-0.70, 11), (-0.71, 21)], [(-0.2, 12), (-2.0, 1)]])
+    patched = _lp_rec([7, 21, 30], common + [[(-0.69, 21), (-0.70, 11)], [(-0.3, 30), (-1.0, 2)]])
+    d = e2e.first_difference(stock, patched)
+    assert d["position"] == 1 and d["tokens"] == [11, 21] and d["swapped"] and d["near_tie"]
+    assert d["margins"] == [pytest.approx(0.01), pytest.approx(0.01)]
+    # the same swap with a wide margin on one side is not a near-tie
+    wide = _lp_rec([7, 21, 30], common + [[(-0.1, 21), (-0.9, 11)], [(-0.3, 30), (-1.0, 2)]])
+    assert not e2e.first_difference(stock, wide)["near_tie"]
+    # a close margin whose runner-up is not the other side's token: not a near-tie either
+    other = _lp_rec([7, 21, 30], common + [[(-0.69, 21), (-0.70, 99)], [(-0.3, 30), (-1.0, 2)]])
+    d = e2e.first_difference(stock, other)
+    assert not d["swapped"] and not d["near_tie"]
+    # no logprobs, or one output a prefix of the other: unexplained
+    assert not e2e.first_difference(_rec([7, 11]), _rec([7, 21]))["near_tie"]
+    assert not e2e.first_difference(stock, _lp_rec([7, 11], common + stock["top_logprobs"][1:2]))["near_tie"]
+
+
+def test_near_tie_checks_mark_explained_differences_and_keep_real_ones_failing() -> None:
+    sc = {"name": "bs7", "kind": "batch", "top_logprobs_num": 2, "return_logprob": True,
+          "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True}] * 2}
+    same = _lp_rec([7, 11], [[(-0.1, 7), (-3.0, 8)], [(-0.5, 11), (-0.9, 3)]])
+    s_tie = _lp_rec([7, 11], [[(-0.1, 7), (-3.0, 8)], [(-0.700, 11), (-0.702, 21)]])
+    p_tie = _lp_rec([7, 21], [[(-0.1001, 7), (-3.0, 8)], [(-0.699, 21), (-0.701, 11)]])
+    stock, patched = {"outputs": [same, s_tie]}, {"outputs": [same, p_tie]}
+    checks = e2e.compare_scenario(sc, stock, patched, e2e.TREE_V2_LOGPROB_TOL)
+    assert [c.name for c in checks if not c.ok] == ["bs7: outputs identical"]  # logprobs: same-id requests only
+    ties = e2e.near_tie_checks(sc, stock, patched)
+    assert len(ties) == 1 and ties[0].ok and "1 differing requests, 0 not near-ties" in ties[0].detail
+    assert "noise where the outputs agree 0.0001" in ties[0].detail
+    explained = e2e.explain_by_near_ties(checks, ties)
+    assert all(c.ok for c in explained) and "near-tie" in explained[0].detail
+    # a wide margin: the difference stays a failure
+    p_bad = _lp_rec([7, 21], [[(-0.1, 7), (-3.0, 8)], [(-0.1, 21), (-2.0, 11)]])
+    ties = e2e.near_tie_checks(sc, stock, {"outputs": [same, p_bad]})
+    assert not ties[0].ok and "request 1" in ties[0].detail
+    assert not all(c.ok for c in e2e.explain_by_near_ties(
+        e2e.compare_scenario(sc, stock, {"outputs": [same, p_bad]}, e2e.TREE_V2_LOGPROB_TOL), ties))
+    # without top logprobs in the scenario there is nothing to judge by
+    assert e2e.near_tie_checks(dict(sc, top_logprobs_num=None), stock, patched) == []
+
+
+def test_tree_v2_cases_pass_on_near_ties_and_compare_with_0513(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_cases with a stand-in worker: a tree case runs stock, patched and 0.5.13 (its own
+    site, the patched launch); a near-tie difference passes, no stock rerun is made."""
+    case = e2e.select_cases(["treev2-standalone-triton-3x4x16-graph-nopcg"])[0]
+    tie_s = _lp_rec([7, 11], [[(-0.1, 7), (-3.0, 8)], [(-0.700, 11), (-0.702, 21)]])
+    tie_p = _lp_rec([7, 21], [[(-0.1, 7), (-3.0, 8)], [(-0.699, 21), (-0.701, 11)]])
+    calls: list[tuple[str, str | None]] = []
+    workload = [{"name": "bs1", "kind": "batch", "input_ids": [[5]], "return_logprob": True, "top_logprobs_num": 2,
+                 "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True, "temperature": 0.0}]}]
+    monkeypatch.setattr(e2e, "scenarios", lambda *a, **k: workload)
+
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config, site=None):
+        calls.append((mode_name, site))
+        rec = tie_s if mode_name == "stock" else tie_p
+        eff = _tree_eff((3, 4, 16), mode_name != "stock")
+        text = _tree_log("strict" if mode_name == "patched" else "off", accepts=(3.1,))
+        run = _tree_run("strict" if mode_name == "patched" else "off", eff, text)
+        run["result"]["scenarios"] = {"bs1": {"outputs": [rec]}}
+        run["result"]["sglang_version"] = "0.5.13" if site else "0.5.12.post1"
+        assert spec["engine_kwargs"]["speculative_eagle_topk"] == 4
+        return run
+
+    monkeypatch.setattr(e2e, "run_engine", fake_run_engine)
+    monkeypatch.setattr(ge, "model_config", lambda path: {"vocab_size": 4096})
+    monkeypatch.setattr(ge, "eos_token_ids", lambda path: [2])
+    (r,) = e2e.run_cases([case], tmp_path, tmp_path, jobs=3, timeout=1, stagger_s=0, soak_requests=1,
+                         fa3=True, upstream_site="/site-0.5.13")
+    assert sorted(calls) == [("patched", None), ("stock", None), ("upstream", "/site-0.5.13")]
+    assert "stock-rerun" not in r.runs
+    names = {c.name: c for c in r.checks}
+    assert names["bs1: outputs identical"].ok and "near-tie" in names["bs1: outputs identical"].detail
+    assert names["0.5.13 run finished"].ok and names["0.5.13 vs patched: bs1: outputs identical"].ok
+    assert r.notes and "0.5.13 (spec v2) vs stock spec v1, bs1: 0/1 identical" in r.notes[0], r.notes
+    # without the site: two runs only
+    calls.clear()
+    e2e.run_cases([case], tmp_path, tmp_path, jobs=2, timeout=1, stagger_s=0, soak_requests=1, fa3=True)
+    assert sorted(m for m, _ in calls) == ["patched", "stock"]
