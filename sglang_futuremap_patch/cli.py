@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -50,12 +49,12 @@ def _unavailable(verdict: Verdict) -> int:
 
 def _tree_choice() -> str:
     """Where EAGLE trees (topk > 1) run, as the environment decides it."""
-    from sglang_futuremap_patch.backports.spec_v2_tree import OPT_IN_ENV
+    from sglang_futuremap_patch.backports.spec_v2_tree import TREE_ENV, tree_spec_v2_wanted
 
-    if os.environ.get(OPT_IN_ENV, "").strip().lower() in ("1", "true", "yes"):
+    if tree_spec_v2_wanted():
         return (f"spec v2 where covered (page size 1, Triton/FlashInfer/FA3, Llama/Qwen2/Qwen3 "
-                f"targets; {OPT_IN_ENV} is set)")
-    return f"spec v1, as in stock SGLang ({OPT_IN_ENV}=1 for spec v2: opt-in, not yet proven token-identical)"
+                f"targets; elsewhere spec v1); {TREE_ENV}=0 keeps every tree on spec v1")
+    return f"spec v1, as in stock SGLang ({TREE_ENV}=0 is set)"
 
 
 def _print_report(report: Report) -> None:

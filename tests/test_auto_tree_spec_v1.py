@@ -84,7 +84,7 @@ def test_auto_chosen_tree_runs_on_spec_v1(patched, models, caplog, algorithm, dr
     assert "num_steps=5, eagle_topk=4, num_draft_tokens=8" in line
     # This back-port alone points to a chain; with back-port 11 (spec-v2-tree) later in the
     # series the line says why spec v2 does not run this tree (here: the CPU's backend).
-    assert "--speculative-eagle-topk 1" in line or "does not run on spec v2 here: spec v2 trees are opt-in" in line
+    assert "--speculative-eagle-topk 1" in line or "does not run on spec v2 here: attention backend" in line
 
 
 def test_auto_chosen_tree_gets_what_the_same_explicit_tree_gets(patched, models, caplog):

@@ -1030,11 +1030,11 @@ def test_tree_v2_cases_launch_the_intended_trees(tmp_path: Path) -> None:
 def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``Case.env`` reaches both worker processes (the real run_engine, a stand-in worker):
-    ``tree-*`` drop SGLANG_FUTUREMAP_TREE_SPEC_V2 (spec v1, the default), ``treev2-*`` set it."""
+    ``tree-*`` set SGLANG_FUTUREMAP_TREE_SPEC_V2=0 (spec v1), ``treev2-*`` drop it (the default)."""
     for case in e2e.tree_cases():
-        assert case.env == ((e2e.TREE_SPEC_V2_ENV, None),) and case.spec_v1 and not case.tree_v2
+        assert case.env == ((e2e.TREE_SPEC_V2_ENV, "0"),) and case.spec_v1 and not case.tree_v2
     assert e2e.TREE_SPEC_V2_ENV == "SGLANG_FUTUREMAP_TREE_SPEC_V2"
-    assert all(c.env == ((e2e.TREE_SPEC_V2_ENV, "1"),) for c in e2e.tree_v2_cases())
+    assert all(c.env == ((e2e.TREE_SPEC_V2_ENV, None),) for c in e2e.tree_v2_cases() + e2e.tree_v2_det_cases())
     assert not any(c.env for c in e2e.all_cases() if not c.name.startswith(("tree-", "treev2-", "treev2det-")))
     seen: dict[str, dict[str, str]] = {}
 
@@ -1043,15 +1043,15 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
         return 0, 1.0, {"pid": 10, "startup_s": 1.0, "scenarios": {}}, ""
 
     monkeypatch.setattr(ge, "run_worker", fake_worker)
-    monkeypatch.setenv(e2e.TREE_SPEC_V2_ENV, "1")  # as if the GPU host had it set
+    monkeypatch.setenv(e2e.TREE_SPEC_V2_ENV, "1")  # as if the GPU host had it set: treev2 drops it
     log_config = ge.write_logging_config(tmp_path / "logging.json")
     for case in e2e.select_cases(["tree-auto-eagle3-default", "treev2-auto-eagle3-default"]):
         for mode_name, mode in e2e.RUNS:
             e2e.run_engine(case, mode_name, mode, {"scenarios": []}, tmp_path, 1, log_config)
     for mode_name, mode in e2e.RUNS:
-        assert e2e.TREE_SPEC_V2_ENV not in seen[f"tree-auto-eagle3-default-{mode_name}"]
+        assert seen[f"tree-auto-eagle3-default-{mode_name}"][e2e.TREE_SPEC_V2_ENV] == "0"
         assert seen[f"tree-auto-eagle3-default-{mode_name}"][smoke.ENV_MODE] == mode
-        assert seen[f"treev2-auto-eagle3-default-{mode_name}"][e2e.TREE_SPEC_V2_ENV] == "1"
+        assert e2e.TREE_SPEC_V2_ENV not in seen[f"treev2-auto-eagle3-default-{mode_name}"]
     plain = e2e.select_cases(["retract-*"])[0]
     assert e2e.with_case_env({"A": "1"}, plain) == {"A": "1"}
 
@@ -1156,7 +1156,7 @@ def test_tree_v2_auto_case_must_resolve_to_sglangs_tree_and_eagle3_has_no_accept
     assert _failing(old, stock_v1, kept) == []
     went_v2 = _tree_run("strict", v1, _tree_log("strict") + warn + "\n")
     assert _failing(old, stock_v1, went_v2) == ["patched log: no 'spec v2 runs the EAGLE tree' line "
-                                                "(SGLANG_FUTUREMAP_TREE_SPEC_V2 unset)"]
+                                                "(SGLANG_FUTUREMAP_TREE_SPEC_V2=0)"]
 
 
 def test_accept_length_parser_on_sglang_decode_lines() -> None:
@@ -1187,7 +1187,7 @@ def test_accept_length_parser_on_sglang_decode_lines() -> None:
     assert runs["stock"]["log_accept_length"] == runs["patched"]["log_accept_length"] == 2.25
     assert runs["patched"]["decode_log_lines"] == 2 and runs["patched"]["mean_accept_length"] == 1.05
     assert summary["case"]["tree_v2"] is True and json.loads(json.dumps(summary))["case"]["env"] == [
-        ["SGLANG_FUTUREMAP_TREE_SPEC_V2", "1"]]
+        ["SGLANG_FUTUREMAP_TREE_SPEC_V2", None]]
     report = e2e.format_report([summary])
     assert "accept 1.05 / 1.05 (decode log 2.25 / 2.25)" in report and report.startswith("PASSED  treev2-")
     record = e2e.merge_record_from_docs([{"environment": {"date": "2026-11-24", "command": "x", "wall_s": 1,
@@ -1234,20 +1234,26 @@ def _lp_rec(ids: list[int], tops: list[list[tuple[float, int]]], **kw: Any) -> d
                 top_logprobs=[[[lp, tid] for lp, tid in t] for t in tops], **kw)
 
 
-def test_first_difference_is_a_near_tie_only_when_both_sides_swap_two_close_candidates() -> None:
+def test_first_difference_is_a_near_tie_only_when_each_side_rates_the_other_token_close() -> None:
     common = [[(-0.1, 7), (-3.0, 8)]]
-    stock = _lp_rec([7, 11, 12], common + [[(-0.70, 11), (-0.71, 21)], [(-0.2, 12), (-2.0, 1)]])
-    patched = _lp_rec([7, 21, 30], common + [[(-0.69, 21), (-0.70, 11)], [(-0.3, 30), (-1.0, 2)]])
+    # an exact bf16 tie on one side (greedy takes the lower id), one ulp on the other
+    stock = _lp_rec([7, 11, 12], common + [[(-0.70, 11), (-0.70, 21)], [(-0.2, 12), (-2.0, 1)]])
+    patched = _lp_rec([7, 21, 30], common + [[(-0.64, 21), (-0.7025, 11)], [(-0.3, 30), (-1.0, 2)]])
     d = e2e.first_difference(stock, patched)
-    assert d["position"] == 1 and d["tokens"] == [11, 21] and d["swapped"] and d["near_tie"]
-    assert d["margins"] == [pytest.approx(0.01), pytest.approx(0.01)]
-    # the same swap with a wide margin on one side is not a near-tie
+    assert d["position"] == 1 and d["tokens"] == [11, 21] and d["near_tie"]
+    assert d["margins"] == [pytest.approx(0.0), pytest.approx(0.0625)]
+    # the other token third in a three-way near-tie still counts (found among the top logprobs)
+    three = _lp_rec([7, 21, 30], common + [[(-0.64, 21), (-0.66, 5), (-0.70, 11)], [(-0.3, 30), (-1.0, 2)]])
+    assert e2e.first_difference(stock, three)["near_tie"]
+    # a wide margin on one side is not a near-tie
     wide = _lp_rec([7, 21, 30], common + [[(-0.1, 21), (-0.9, 11)], [(-0.3, 30), (-1.0, 2)]])
-    assert not e2e.first_difference(stock, wide)["near_tie"]
-    # a close margin whose runner-up is not the other side's token: not a near-tie either
+    d = e2e.first_difference(stock, wide)
+    assert d["margins"][1] == pytest.approx(0.8) and not d["near_tie"]
+    assert e2e.NEAR_TIE_NATS < 0.8
+    # the other side's token missing from the top logprobs: unexplained
     other = _lp_rec([7, 21, 30], common + [[(-0.69, 21), (-0.70, 99)], [(-0.3, 30), (-1.0, 2)]])
     d = e2e.first_difference(stock, other)
-    assert not d["swapped"] and not d["near_tie"]
+    assert d["margins"][1] is None and not d["near_tie"]
     # no logprobs, or one output a prefix of the other: unexplained
     assert not e2e.first_difference(_rec([7, 11]), _rec([7, 21]))["near_tie"]
     assert not e2e.first_difference(stock, _lp_rec([7, 11], common + stock["top_logprobs"][1:2]))["near_tie"]
@@ -1268,13 +1274,16 @@ def test_near_tie_checks_mark_explained_differences_and_keep_real_ones_failing()
     explained = e2e.explain_by_near_ties(checks, ties)
     assert all(c.ok for c in explained) and "near-tie" in explained[0].detail
     # a wide margin: the difference stays a failure
-    p_bad = _lp_rec([7, 21], [[(-0.1, 7), (-3.0, 8)], [(-0.1, 21), (-2.0, 11)]])
+    p_bad = _lp_rec([7, 21], [[(-0.1, 7), (-3.0, 8)], [(-0.1, 21), (-2.0, 11)]])  # 1.9 nats apart
     ties = e2e.near_tie_checks(sc, stock, {"outputs": [same, p_bad]})
     assert not ties[0].ok and "request 1" in ties[0].detail
     assert not all(c.ok for c in e2e.explain_by_near_ties(
         e2e.compare_scenario(sc, stock, {"outputs": [same, p_bad]}, e2e.TREE_V2_LOGPROB_TOL), ties))
     # without top logprobs in the scenario there is nothing to judge by
     assert e2e.near_tie_checks(dict(sc, top_logprobs_num=None), stock, patched) == []
+    # a stop_from scenario: requests whose runs took other stop tokens are not compared
+    stopped = e2e.near_tie_checks(sc, dict(stock, stops=[5, 6]), {"outputs": [same, p_bad], "stops": [5, 9]})
+    assert stopped[0].ok and "1 requests with other stop tokens not compared" in stopped[0].detail
 
 
 def test_tree_v2_cases_pass_on_near_ties_and_compare_with_0513(tmp_path: Path,
@@ -1311,6 +1320,14 @@ def test_tree_v2_cases_pass_on_near_ties_and_compare_with_0513(tmp_path: Path,
     assert names["bs1: outputs identical"].ok and "near-tie" in names["bs1: outputs identical"].detail
     assert names["0.5.13 run finished"].ok and names["0.5.13 vs patched: bs1: outputs identical"].ok
     assert r.notes and "0.5.13 (spec v2) vs stock spec v1, bs1: 0/1 identical" in r.notes[0], r.notes
+    # a case that needs FA3 runs 0.5.13 only where 0.5.13's FA3 is installed
+    fa3_case = e2e.select_cases(["treev2-standalone-fa3-3x4x16-graph-nopcg"])[0]
+    for have, want in ((False, ["patched", "stock"]), (True, ["patched", "stock", "upstream"])):
+        calls.clear()
+        (r,) = e2e.run_cases([fa3_case], tmp_path, tmp_path, jobs=3, timeout=1, stagger_s=0, soak_requests=1,
+                             fa3=True, upstream_site="/site-0.5.13", upstream_fa3=have)
+        assert sorted(m for m, _ in calls) == want
+        assert any("0.5.13 not run" in n for n in r.notes) is (not have)
     # without the site: two runs only
     calls.clear()
     e2e.run_cases([case], tmp_path, tmp_path, jobs=2, timeout=1, stagger_s=0, soak_requests=1, fa3=True)

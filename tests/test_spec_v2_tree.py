@@ -26,7 +26,7 @@ EXPLICIT_TREE = dict(speculative_num_steps=3, speculative_eagle_topk=4, speculat
 
 @pytest.fixture
 def patched(clean_state, monkeypatch):
-    monkeypatch.setenv("SGLANG_FUTUREMAP_TREE_SPEC_V2", "1")  # opt-in for now
+    monkeypatch.delenv("SGLANG_FUTUREMAP_TREE_SPEC_V2", raising=False)  # the default: spec v2 trees
     activate_backport()
 
 
@@ -76,8 +76,8 @@ def test_trees_stay_on_spec_v1_where_not_covered_or_asked(patched, models, caplo
     caplog.set_level(logging.INFO)
     extra = dict(attention_backend="flashinfer", **EXPLICIT_TREE)
     expected_v1 = True
-    if case == "keep-v1-env":  # the default: spec v2 trees are opt-in
-        monkeypatch.delenv("SGLANG_FUTUREMAP_TREE_SPEC_V2")
+    if case == "keep-v1-env":  # the documented way back to spec v1
+        monkeypatch.setenv("SGLANG_FUTUREMAP_TREE_SPEC_V2", "0")
     elif case == "page16":
         extra["page_size"] = 16
     elif case == "overlap-off":
@@ -113,8 +113,12 @@ def test_why_a_tree_stays_on_spec_v1(patched, models, monkeypatch):
     other.get_model_config = lambda: SimpleNamespace(
         hf_config=SimpleNamespace(architectures=["Qwen3NextForCausalLM"]))
     assert "Qwen3NextForCausalLM" in spec_v2_tree_unsupported(other)
-    monkeypatch.delenv("SGLANG_FUTUREMAP_TREE_SPEC_V2")
-    assert "SGLANG_FUTUREMAP_TREE_SPEC_V2" in spec_v2_tree_unsupported(args)
+    for keep in ("0", "false", "off"):
+        monkeypatch.setenv("SGLANG_FUTUREMAP_TREE_SPEC_V2", keep)
+        assert "SGLANG_FUTUREMAP_TREE_SPEC_V2=0" in spec_v2_tree_unsupported(args)
+    for run in ("1", ""):
+        monkeypatch.setenv("SGLANG_FUTUREMAP_TREE_SPEC_V2", run)
+        assert spec_v2_tree_unsupported(args) is None
 
 
 def test_the_patch_logs_the_plugins_words():
@@ -280,3 +284,17 @@ def test_verify_returns_the_accepted_path_and_its_bonus_token(verify_env):
         assert result.next_draft_input.bonus_tokens[r].item() == accepted[-1]
     assert result.accept_lens.tolist() == [len(p) for p in PATHS]
     assert result.next_draft_input.new_seq_lens.tolist() == [s + len(p) for s, p in zip(SEQ_LENS, PATHS)]
+
+
+def test_status_says_where_trees_run(clean_state, capsys, monkeypatch):
+    """``status`` shows the tree choice: spec v2 by default, spec v1 with the variable at 0."""
+    from sglang_futuremap_patch import cli
+
+    monkeypatch.delenv("SGLANG_FUTUREMAP_TREE_SPEC_V2", raising=False)
+    cli.main(["status"])
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("trees:")]
+    assert "spec v2 where covered" in line and "SGLANG_FUTUREMAP_TREE_SPEC_V2=0 keeps" in line
+    monkeypatch.setenv("SGLANG_FUTUREMAP_TREE_SPEC_V2", "0")
+    cli.main(["status"])
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("trees:")]
+    assert line.startswith("trees:    spec v1, as in stock SGLang")

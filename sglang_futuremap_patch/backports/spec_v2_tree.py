@@ -30,12 +30,15 @@ elsewhere): EAGLE, EAGLE3 and STANDALONE (not multi-layer EAGLE), page size 1, t
 FlashInfer and FA3 backends, no DP attention, and a full-attention target (Llama, Qwen2,
 Qwen3); the verify of a hybrid linear-attention target rejects trees. FA3 and FlashInfer
 keep the host mirror of ``seq_lens`` for trees (private-stream copy, no ``verify_done``
-wait); Triton builds everything on the device. For now this is opt-in,
-``SGLANG_FUTUREMAP_TREE_SPEC_V2=1``: on the H100 the accepted lengths are as expected, but
-greedy outputs are not yet shown token-identical to stock spec v1 (spec v1 and v2 draft
-differently, so the verify trees and their rounding differ; whether every first difference
-is a near-tie is not measured yet). Without it trees stay on spec v1 as in stock SGLang (an
-auto-chosen one too, back-port 9); ``python -m sglang_futuremap_patch status`` shows it.
+wait); Triton builds everything on the device. ``SGLANG_FUTUREMAP_TREE_SPEC_V2=0`` keeps
+trees on spec v1 as in stock SGLang (an auto-chosen one too, back-port 9);
+``python -m sglang_futuremap_patch status`` shows the choice.
+
+Token identity: on the H100 (results/gpu-e2e/h100-tree-v2) the plugin's spec-v2 tree gives
+SGLang 0.5.13's tokens (deterministic batches on FlashInfer with CUDA graph: identical), and
+both part from stock 0.5.12.x spec v1 on the same requests at the same positions, each time
+at a near-tie of the bf16 logits (the two sides rate each other's token within 1/4 nat, most
+often 0 or 1/16): spec v1 and v2 run the verify and draft extend in other shapes.
 
 Plugin and patch differ in form only for the routing: the plugin wraps
 ``ServerArgs._handle_speculative_decoding`` (back-port 9's wrapper, extended) and turns the
@@ -56,14 +59,20 @@ from sglang_futuremap_patch._api import PREFIX
 from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit, announce
 from sglang_futuremap_patch.backports.auto_tree_spec_v1 import _AUTO_CHOICE_EDITS, _EAGLE_FAMILY
 
-#: Set to 1 to run EAGLE trees on spec v2 (opt-in: on the GPU the outputs are not yet shown
-#: token-identical to stock spec v1, see results/gpu-e2e/h100-tree-v2).
-OPT_IN_ENV = "SGLANG_FUTUREMAP_TREE_SPEC_V2"
+#: Set to 0 to keep EAGLE trees on spec v1 (stock SGLang 0.5.12.x's path); unset or 1: spec v2
+#: where this series covers the tree.
+TREE_ENV = "SGLANG_FUTUREMAP_TREE_SPEC_V2"
+
+
+def tree_spec_v2_wanted() -> bool:
+    """False when the user keeps trees on spec v1 (``SGLANG_FUTUREMAP_TREE_SPEC_V2=0``; the
+    same test opens ``spec_v2_tree_unsupported``, which the patch puts into server_args.py)."""
+    return os.environ.get(TREE_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 #: The INFO line for a tree on spec v2 (the patch logs the same words via SGLang's logger).
 TREE_V2_MESSAGE = (
     "spec v2 runs the EAGLE tree (num_steps=%s, eagle_topk=%s, num_draft_tokens=%s) with the "
-    "overlap scheduler; unset SGLANG_FUTUREMAP_TREE_SPEC_V2 for spec v1."
+    "overlap scheduler; SGLANG_FUTUREMAP_TREE_SPEC_V2=0 keeps spec v1."
 )
 #: The WARNING for an auto-chosen tree that stays on spec v1 (stock would crash).
 AUTO_TREE_V1_MESSAGE = (
@@ -74,8 +83,8 @@ AUTO_TREE_V1_MESSAGE = (
 
 def spec_v2_tree_unsupported(server_args) -> Optional[str]:
     """Why an EAGLE tree (topk > 1) stays on spec v1, or None when spec v2 runs it."""
-    if os.environ.get("SGLANG_FUTUREMAP_TREE_SPEC_V2", "").strip().lower() not in ("1", "true", "yes"):
-        return "spec v2 trees are opt-in (SGLANG_FUTUREMAP_TREE_SPEC_V2=1)"
+    if os.environ.get("SGLANG_FUTUREMAP_TREE_SPEC_V2", "").strip().lower() in ("0", "false", "no", "off"):
+        return "SGLANG_FUTUREMAP_TREE_SPEC_V2=0 keeps trees on spec v1"
     if server_args.speculative_algorithm not in ("EAGLE", "EAGLE3", "STANDALONE"):
         return f"spec v2 trees cover EAGLE, EAGLE3 and STANDALONE, not {server_args.speculative_algorithm}"
     if server_args.enable_multi_layer_eagle:
@@ -175,7 +184,7 @@ _SERVER_ARGS_EDITS = (
             if self.speculative_eagle_topk > 1 and not self.disable_overlap_schedule:
                 logger.info(
                     "spec v2 runs the EAGLE tree (num_steps=%s, eagle_topk=%s, num_draft_tokens=%s) with the "
-                    "overlap scheduler; unset SGLANG_FUTUREMAP_TREE_SPEC_V2 for spec v1.",
+                    "overlap scheduler; SGLANG_FUTUREMAP_TREE_SPEC_V2=0 keeps spec v1.",
                     self.speculative_num_steps,
                     self.speculative_eagle_topk,
                     self.speculative_num_draft_tokens,
