@@ -349,10 +349,10 @@ def tree_v2_cases() -> list[Case]:
                           "STANDALONE", backend, graph, pcg, "tree", spec_tree(*tree), **v2))
     cases.append(Case("treev2-eagle3-triton-5x4x8-graph-nopcg", "EAGLE3", "triton", True, False, "tree",
                       spec_tree(5, 4, 8), **v2))
-    cases.append(Case("treev2-eos-standalone-triton-3x4x16", "STANDALONE", "triton", True, False, "eos",
+    cases.append(Case("treev2-eos-standalone-triton-3x4x16", "STANDALONE", "triton", True, False, "tree-eos",
                       spec_tree(3, 4, 16), **v2))
-    cases.append(Case("treev2-radix-standalone-flashinfer-5x4x8", "STANDALONE", "flashinfer", True, False, "radix",
-                      spec_tree(5, 4, 8), **v2))
+    cases.append(Case("treev2-radix-standalone-flashinfer-5x4x8", "STANDALONE", "flashinfer", True, False,
+                      "tree-radix", spec_tree(5, 4, 8), **v2))
     return cases
 
 
@@ -525,11 +525,12 @@ def scenarios(profile: str, vocab: int, seed: int = 20261122, soak_requests: int
         out.append(seeded("seeded_bs7", [5, 17, 40, 77, 128, 211, 300], [64] * 7))
         churn_len = [rng.randrange(4, 500) for _ in range(72)]
         out.append(seeded("seeded_churn", churn_len, [rng.randrange(8, 121) for _ in churn_len]))
-    elif profile == "tree":
-        # The matrix workload (same prompts), every request with its top logprobs: where
-        # spec v1 and spec v2 part, the margins at the first differing token say whether it
-        # was a near-tie (``near_tie_checks``).
-        out = scenarios("matrix", vocab, seed=seed)
+    elif profile in ("tree", "tree-radix", "tree-eos"):
+        # The matrix (radix, eos) workload, same prompts, every request with its top logprobs:
+        # where spec v1 and spec v2 part, the margins at the first differing token say whether
+        # it was a near-tie (``near_tie_checks``).
+        base = {"tree": "matrix", "tree-radix": "radix", "tree-eos": "eos"}[profile]
+        out = scenarios(base, vocab, seed=seed, soak_requests=soak_requests, eos_ids=eos_ids)
         for sc in out:
             sc["return_logprob"] = True
             sc["top_logprobs_num"] = TREE_TOP_LOGPROBS
@@ -711,7 +712,8 @@ def _eos_search(engine: Any, sc: dict[str, Any]) -> dict[str, Any]:
     prompts: list[list[int]] = []
     found: list[int] = []
     for rnd in sc["rounds"]:
-        outs = engine.generate(input_ids=rnd, sampling_params=[_greedy(sc["max_new_tokens"]) for _ in rnd])
+        kw = {k: sc[k] for k in ("return_logprob", "top_logprobs_num") if k in sc}
+        outs = engine.generate(input_ids=rnd, sampling_params=[_greedy(sc["max_new_tokens"]) for _ in rnd], **kw)
         for ids, o in zip(rnd, outs):
             rec = _record(o)
             if eos & set(rec["output_ids"][:-1]):  # before the last token: the rerun stops on it
@@ -745,7 +747,8 @@ def eos_churn_requests(sc: dict[str, Any], search: dict[str, Any]) -> tuple[list
 
 def _eos_churn(engine: Any, sc: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
     prompts, params, stops = eos_churn_requests(sc, search)
-    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    kw = {k: sc[k] for k in ("return_logprob", "top_logprobs_num") if k in sc}
+    outs = engine.generate(input_ids=prompts, sampling_params=params, **kw)
     recs = [_record(o) for o in outs]
     eos_ids = search["scenario"]["eos_ids"]
     return {"outputs": recs, "stops": stops, "finish_counts": finish_counts(recs, eos_ids)}
@@ -1005,8 +1008,10 @@ def _same_output(a: dict[str, Any], b: dict[str, Any], logprobs: bool, tol: floa
 
 
 #: How far a logprob of a ``tree_v2`` case's patched run (spec v2) may be from stock's (spec
-#: v1): the two workers compute the same values in other kernels, which may differ in the last bits.
-TREE_V2_LOGPROB_TOL = 1e-3
+#: v1) where their tokens agree: the two workers compute the same bf16 logits in kernels of other
+#: shapes, which round differently: up to 0.129 seen on the H100 (2026-11-24), spec v1 vs v2
+#: and SGLang 0.5.13 vs the plugin alike (``NEAR_TIE_NATS`` says what that means).
+TREE_V2_LOGPROB_TOL = 0.25
 
 
 def _logprob_check(tol: float) -> str:
@@ -1776,10 +1781,10 @@ def merge_record_from_docs(docs: Sequence[dict[str, Any]]) -> str:
             lines += ["", f"Soak ({c['case']['name']}): GPU memory of the patched Engine's processes after warm-up "
                       f"{p['memory_after_warmup_mib']} MiB, then every 200 requests: "
                       f"{[v for _, v in (p['memory_mib'] or [])]} MiB."]
-        if c["case"]["profile"] == "eos":
+        if c["case"]["profile"] in ("eos", "tree-eos"):
             lines += ["", f"EOS churn ({c['case']['name']}): finish reasons over all requests, stock "
                       f"{s.get('finish_counts')}, patched {p.get('finish_counts')}."]
-        if c["case"]["profile"] == "radix":
+        if c["case"]["profile"] in ("radix", "tree-radix"):
             lines += ["", f"Radix cache ({c['case']['name']}): cached prompt tokens stock {s.get('cached_tokens')}, "
                       f"patched {p.get('cached_tokens')}."]
     return "\n".join(lines) + "\n"
