@@ -1809,7 +1809,7 @@ def save_outputs(results: Sequence[CaseResult], path: Path) -> None:
     """Every run's outputs per scenario (ids, logprobs, finish), for a look after the run."""
     import gzip
 
-    doc = {r.case.name: {m: {name: entry.get("outputs") for name, entry in
+    doc = {r.case.name: {m: {name: {k: entry[k] for k in ("outputs", "stops") if k in entry} for name, entry in
                              ((run.get("result") or {}).get("scenarios") or {}).items()}
                          for m, run in r.runs.items()} for r in results}
     with gzip.open(path, "wt") as fh:
