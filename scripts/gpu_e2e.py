@@ -992,11 +992,31 @@ def _close(a: Any, b: Any, tol: float) -> bool:
     return a == b
 
 
+def _close_tops(a: Sequence[Any] | None, b: Sequence[Any] | None, tol: float) -> bool:
+    """Two runs' top logprobs of one position within ``tol``: candidates that tie within the
+    tolerance may come in another order, and one at the cut-off may be in one list only (its
+    logprob then within ``tol`` of the other list's last)."""
+    if not a or not b:
+        return not a and not b
+    da = {int(t): float(lp) for lp, t in a if lp is not None}
+    db = {int(t): float(lp) for lp, t in b if lp is not None}
+    if len(da) != len(db):
+        return False
+    for mine, other in ((da, db), (db, da)):
+        floor = min(other.values())
+        for t, lp in mine.items():
+            ref = other.get(t, floor)
+            if abs(lp - ref) > tol:
+                return False
+    return True
+
+
 def _same_logprobs(a: dict[str, Any], b: dict[str, Any], tol: float = 0.0) -> bool:
     if not tol:
         return a.get("logprobs") == b.get("logprobs") and a.get("top_logprobs") == b.get("top_logprobs")
-    return (_close(a.get("logprobs"), b.get("logprobs"), tol)
-            and _close(a.get("top_logprobs"), b.get("top_logprobs"), tol))
+    ta, tb = a.get("top_logprobs") or [], b.get("top_logprobs") or []
+    return (_close(a.get("logprobs"), b.get("logprobs"), tol) and len(ta) == len(tb)
+            and all(_close_tops(x, y, tol) for x, y in zip(ta, tb)))
 
 
 def _same_output(a: dict[str, Any], b: dict[str, Any], logprobs: bool, tol: float = 0.0) -> bool:
@@ -1816,6 +1836,57 @@ def save_outputs(results: Sequence[CaseResult], path: Path) -> None:
         json.dump(doc, fh)
 
 
+def judge_outputs(paths: Sequence[Path], vocab: int = 4096) -> tuple[bool, str]:
+    """The output checks of the tree cases again, from ``--save-outputs`` files (no GPU): stock
+    vs patched and 0.5.13 vs patched, each scenario's outputs identical or parted at a near-tie,
+    logprobs within the tolerance; 0.5.13 vs stock as notes. Returns (all passed, report)."""
+    import gzip
+
+    lines, ok_all = [], True
+    latest: dict[str, tuple[Path, dict[str, Any]]] = {}  # a later file's run of a case supersedes
+    for path in paths:
+        with gzip.open(path, "rt") as fh:
+            for name, runs in json.load(fh).items():
+                latest.pop(name, None)
+                latest[name] = (path, runs)
+    for name, (path, runs) in latest.items():
+        if True:
+            case = next((c for c in all_cases() if c.name == name.split("~")[0]), None)
+            if case is None or not case.tree_v2 or "stock" not in runs or "patched" not in runs:
+                continue
+            sc_list = scenarios(case.profile, vocab)
+            # files of the first runs hold each scenario's outputs alone: their stop tokens are
+            # taken again from the source outputs, as the run took them (stop_token_choice)
+            runs = {m: {k: v if isinstance(v, dict) else {"outputs": v} for k, v in r.items()} for m, r in runs.items()}
+            for sc in sc_list:
+                for r in runs.values():
+                    entry, src = r.get(sc["name"]), r.get(sc.get("source", ""))
+                    if sc["kind"] == "stop_from" and entry and src and "stops" not in entry:
+                        stops = [stop_token_choice(o["output_ids"], i) for i, o in enumerate(src["outputs"][: sc["count"]])]
+                        entry["stops"] = [x for x in stops if x is not None]
+            res = {m: {"returncode": 0, "result": {"scenarios": r}} for m, r in runs.items()}
+            checks: list[Check] = []
+            for sc in sc_list:
+                checks += compare_scenario(sc, runs["stock"].get(sc["name"]), runs["patched"].get(sc["name"]),
+                                           case.logprob_tol)
+            ties = [c for sc in sc_list for c in near_tie_checks(sc, runs["stock"].get(sc["name"]),
+                                                                 runs["patched"].get(sc["name"]))]
+            checks = explain_by_near_ties(checks, ties) + ties
+            notes: list[str] = []
+            if "upstream" in runs:
+                more, notes = upstream_checks(sc_list, res["stock"], res["upstream"], res["patched"], case.logprob_tol)
+                checks += more
+            ok = all(c.ok for c in checks)
+            ok_all &= ok
+            lines.append(f"{'PASSED' if ok else 'FAILED':7} {name} ({path.name}){'' if 'upstream' in runs else '; no 0.5.13 run'}")
+            for c in checks:
+                if not c.ok or ("near-tie" in c.name and not c.detail.startswith("0 differing")):
+                    lines.append(f"    [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+            lines.extend(f"    note: {n}" for n in notes)
+    lines.append(f"JUDGED {'PASSED' if ok_all else 'FAILED'}")
+    return ok_all, "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1842,6 +1913,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "'none' or a folder without SGLang: they do not")
     p.add_argument("--save-outputs", action="store_true",
                    help="also write outputs-<tag>.json.gz: every run's outputs (ids, logprobs) per scenario")
+    p.add_argument("--judge", nargs="+", type=Path,
+                   help="judge the tree cases' outputs again from --save-outputs files (no GPU) and exit")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     return p
 
@@ -1853,6 +1926,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         sys.stdout.write(merge_record(args.merge))
         return 0
+    if args.judge:
+        ok, report = judge_outputs(args.judge)
+        print(report)
+        return 0 if ok else 1
     try:
         cases = select_cases(args.cases, args.shard, args.repeat, args.group)
     except ValueError as exc:  # a mistyped --shard: one line, no traceback

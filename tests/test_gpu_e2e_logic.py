@@ -1337,3 +1337,18 @@ def test_tree_v2_cases_pass_on_near_ties_and_compare_with_0513(tmp_path: Path,
     calls.clear()
     e2e.run_cases([case], tmp_path, tmp_path, jobs=2, timeout=1, stagger_s=0, soak_requests=1, fa3=True)
     assert sorted(m for m, _ in calls) == ["patched", "stock"]
+
+
+def test_tree_top_logprobs_compare_as_candidates_within_the_tolerance() -> None:
+    tol = e2e.TREE_V2_LOGPROB_TOL
+    a = _rec([5], logprobs=[[-1.0, 5]], top_logprobs=[[[-1.0, 5], [-1.0, 9], [-2.0, 4]]])
+    reordered = _rec([5], logprobs=[[-0.9375, 5]], top_logprobs=[[[-0.9375, 9], [-0.9375, 5], [-2.0, 4]]])
+    assert e2e._same_logprobs(a, reordered, tol) and not e2e._same_logprobs(a, reordered)
+    # a candidate at the cut-off in one list only: close to the other list's last
+    cutoff = _rec([5], logprobs=[[-1.0, 5]], top_logprobs=[[[-1.0, 5], [-1.0, 9], [-2.1, 7]]])
+    assert e2e._same_logprobs(a, cutoff, tol)
+    # one far off, or a list of another length: not close
+    far = _rec([5], logprobs=[[-1.0, 5]], top_logprobs=[[[-1.0, 5], [-1.6, 9], [-2.0, 4]]])
+    assert not e2e._same_logprobs(a, far, tol)
+    assert not e2e._same_logprobs(a, _rec([5], logprobs=[[-1.0, 5]], top_logprobs=[[[-1.0, 5]]]), tol)
+    assert not e2e._same_logprobs(a, _rec([5], logprobs=[[-1.5, 5]], top_logprobs=a["top_logprobs"]), tol)
