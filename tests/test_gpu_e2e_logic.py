@@ -1352,3 +1352,38 @@ def test_tree_top_logprobs_compare_as_candidates_within_the_tolerance() -> None:
     assert not e2e._same_logprobs(a, far, tol)
     assert not e2e._same_logprobs(a, _rec([5], logprobs=[[-1.0, 5]], top_logprobs=[[[-1.0, 5]]]), tol)
     assert not e2e._same_logprobs(a, _rec([5], logprobs=[[-1.5, 5]], top_logprobs=a["top_logprobs"]), tol)
+
+
+def test_judge_outputs_rejudges_saved_tree_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--judge: the tree checks again from --save-outputs files; a later file supersedes an
+    earlier one for the same case; a wide difference fails."""
+    import gzip
+
+    sc_list = [{"name": "bs7", "kind": "batch", "input_ids": [[5]] * 3, "return_logprob": True,
+                "top_logprobs_num": 5, "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True}] * 3}]
+    monkeypatch.setattr(e2e, "scenarios", lambda *a, **k: sc_list)
+
+    def runs(patched_second: list[tuple[float, int]]) -> dict[str, Any]:
+        def side(second):
+            out = {}
+            for sc in sc_list:
+                if sc["kind"] == "stop_from":
+                    out[sc["name"]] = {"outputs": [], "stops": []}
+                    continue
+                n = len(sc["input_ids"])
+                recs = [_lp_rec([7, 11], [[(-0.1, 7), (-3.0, 8)], [(-0.70, 11), (-0.70, 21)]]) for _ in range(n)]
+                recs[0] = _lp_rec([7, second[0][1]], [[(-0.1, 7), (-3.0, 8)], second])
+                out[sc["name"]] = {"outputs": recs}
+            return out
+        stock = side([(-0.70, 11), (-0.70, 21)])
+        return {"stock": stock, "patched": side(patched_second)}
+
+    name = "treev2-standalone-triton-3x4x16-graph-nopcg"
+    tie, wide = [(-0.64, 21), (-0.7025, 11)], [(-0.1, 21), (-1.5, 11)]
+    for fname, second in (("early.json.gz", wide), ("late.json.gz", tie)):
+        with gzip.open(tmp_path / fname, "wt") as fh:
+            json.dump({name: runs(second)}, fh)
+    ok, report = e2e.judge_outputs([tmp_path / "early.json.gz"])
+    assert not ok and "FAILED" in report
+    ok, report = e2e.judge_outputs([tmp_path / "early.json.gz", tmp_path / "late.json.gz"])
+    assert ok and report.count(name) == 1 and "late.json.gz" in report and "JUDGED PASSED" in report
