@@ -331,6 +331,11 @@ def tree_cases() -> list[Case]:
     return cases
 
 
+#: What every ``treev2*`` case shares: the plugin's default (trees on spec v2, the variable
+#: unset), judged as a tree, with SGLang 0.5.13 beside it where it can run.
+_TREE_V2 = {"env": ((TREE_SPEC_V2_ENV, None),), "tree_v2": True, "upstream": True}
+
+
 def tree_v2_cases() -> list[Case]:
     """EAGLE trees (topk > 1, page size 1) that the patched run decodes on spec v2 against stock
     SGLang on spec v1 with the same tree. Explicit trees: the same launch on both sides (stock
@@ -338,7 +343,7 @@ def tree_v2_cases() -> list[Case]:
     accepted (the EAGLE3 draft gets ~1 token a step: one case). SGLang's auto-chosen tree
     (5 / 4 / 8) against stock given it explicitly, as ``tree-auto-eagle3-default``. The matrix
     profile's ``logprob`` scenario compares logprobs (within ``TREE_V2_LOGPROB_TOL``)."""
-    v2 = {"env": ((TREE_SPEC_V2_ENV, None),), "tree_v2": True, "upstream": True}  # the default
+    v2 = _TREE_V2
     cases = [Case("treev2-auto-eagle3-default", "EAGLE3", "default", True, True, "tree", AUTO_SPEC,
                   stock_extra=AUTO_TREE + (("attention_backend", "fa3"),), **v2)]
     for backend, tree, graph, pcg in (("flashinfer", (3, 4, 16), True, False), ("flashinfer", (5, 4, 8), True, False),
@@ -360,7 +365,7 @@ def tree_v2_det_cases() -> list[Case]:
     """The same trees with batch-invariant kernels on both sides: spec v1 and spec v2 run
     different draft extends, so their drafts, and with them the verify batches' shapes,
     differ; with SGLang's deterministic inference a request's logits depend less on them."""
-    v2 = {"env": ((TREE_SPEC_V2_ENV, None),), "tree_v2": True, "upstream": True}
+    v2 = _TREE_V2
     cases = []
     det = (("enable_deterministic_inference", True),)
     for backend, tree, graph in (("flashinfer", (5, 4, 8), True), ("fa3", (3, 4, 16), True),
@@ -423,6 +428,11 @@ def engine_kwargs(case: Case, models: Path, stock: bool = False) -> dict[str, An
 
 def _ids(rng: random.Random, n: int, vocab: int) -> list[int]:
     return [rng.randrange(VOCAB_LO, vocab) for _ in range(n)]
+
+
+def _logprob_kw(sc: dict[str, Any]) -> dict[str, Any]:
+    """The logprob arguments a scenario asks its ``generate`` calls for."""
+    return {k: sc[k] for k in ("return_logprob", "top_logprobs_num") if k in sc}
 
 
 def _greedy(max_new: int, ignore_eos: bool = True, **more: Any) -> dict[str, Any]:
@@ -664,8 +674,7 @@ def _run_async(engine: Any, sc: dict[str, Any], pids: Sequence[int]) -> dict[str
 def run_scenario(engine: Any, sc: dict[str, Any], done: dict[str, Any], pids: Sequence[int]) -> dict[str, Any]:
     kind = sc["kind"]
     if kind == "batch":
-        kw = {k: sc[k] for k in ("return_logprob", "top_logprobs_num") if k in sc}
-        outs = engine.generate(input_ids=sc["input_ids"], sampling_params=sc["sampling_params"], **kw)
+        outs = engine.generate(input_ids=sc["input_ids"], sampling_params=sc["sampling_params"], **_logprob_kw(sc))
         return {"outputs": [_record(o) for o in outs]}
     if kind == "stop_from":
         src = done[sc["source"]]
@@ -678,8 +687,7 @@ def run_scenario(engine: Any, sc: dict[str, Any], done: dict[str, Any], pids: Se
             prompts.append(srcsc["input_ids"][i])
             params.append(_greedy(sc["max_new_tokens"], ignore_eos=False, stop_token_ids=[stop]))
             stops.append(stop)
-        kw = {k: sc[k] for k in ("return_logprob", "top_logprobs_num") if k in sc}
-        outs = engine.generate(input_ids=prompts, sampling_params=params, **kw)
+        outs = engine.generate(input_ids=prompts, sampling_params=params, **_logprob_kw(sc))
         return {"outputs": [_record(o) for o in outs], "stops": stops}
     if kind == "async":
         return _run_async(engine, sc, pids)
@@ -712,8 +720,8 @@ def _eos_search(engine: Any, sc: dict[str, Any]) -> dict[str, Any]:
     prompts: list[list[int]] = []
     found: list[int] = []
     for rnd in sc["rounds"]:
-        kw = {k: sc[k] for k in ("return_logprob", "top_logprobs_num") if k in sc}
-        outs = engine.generate(input_ids=rnd, sampling_params=[_greedy(sc["max_new_tokens"]) for _ in rnd], **kw)
+        outs = engine.generate(input_ids=rnd, sampling_params=[_greedy(sc["max_new_tokens"]) for _ in rnd],
+                               **_logprob_kw(sc))
         for ids, o in zip(rnd, outs):
             rec = _record(o)
             if eos & set(rec["output_ids"][:-1]):  # before the last token: the rerun stops on it
@@ -747,8 +755,7 @@ def eos_churn_requests(sc: dict[str, Any], search: dict[str, Any]) -> tuple[list
 
 def _eos_churn(engine: Any, sc: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
     prompts, params, stops = eos_churn_requests(sc, search)
-    kw = {k: sc[k] for k in ("return_logprob", "top_logprobs_num") if k in sc}
-    outs = engine.generate(input_ids=prompts, sampling_params=params, **kw)
+    outs = engine.generate(input_ids=prompts, sampling_params=params, **_logprob_kw(sc))
     recs = [_record(o) for o in outs]
     eos_ids = search["scenario"]["eos_ids"]
     return {"outputs": recs, "stops": stops, "finish_counts": finish_counts(recs, eos_ids)}
@@ -1180,6 +1187,23 @@ def explain_by_near_ties(checks: list[Check], tie_checks: Sequence[Check], label
     return out
 
 
+def output_checks(sc_list: Sequence[dict[str, Any]], a: dict[str, Any], b: dict[str, Any], logprob_tol: float,
+                  *, near_ties: bool, label: str = "", mismatch_only: bool = False) -> list[Check]:
+    """Two runs' outputs (``a``, ``b``: their ``scenarios`` dicts), scenario by scenario
+    (``compare_scenario``; ``mismatch_only``: its output and logprob comparisons alone), each
+    check named with ``label`` in front; ``near_ties`` (trees): then each scenario's near-tie
+    check, and its "outputs identical" check marked as explained where that one holds."""
+    checks: list[Check] = []
+    ties: list[Check] = []
+    for sc in sc_list:
+        x, y = a.get(sc["name"]), b.get(sc["name"])
+        checks += [Check(label + c.name, c.ok, c.detail) for c in compare_scenario(sc, x, y, logprob_tol)
+                   if not mismatch_only or c.name.endswith(MISMATCH_CHECKS)]
+        if near_ties:
+            ties += near_tie_checks(sc, x, y, label)
+    return explain_by_near_ties(checks, ties, label) + ties
+
+
 def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: dict[str, Any] | None,
                      logprob_tol: float = 0.0) -> list[Check]:
     """Stock vs patched for one scenario (both are a run's ``scenarios[name]`` entry); output ids
@@ -1370,11 +1394,7 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
                             f"returncode {run.get('returncode')}, {run.get('wall_s', 0):.0f} s"))
     sres = (stock.get("result") or {}).get("scenarios", {})
     pres = (patched.get("result") or {}).get("scenarios", {})
-    for sc in sc_list:
-        checks.extend(compare_scenario(sc, sres.get(sc["name"]), pres.get(sc["name"]), case.logprob_tol))
-    if case.tree_v2:
-        ties = [c for sc in sc_list for c in near_tie_checks(sc, sres.get(sc["name"]), pres.get(sc["name"]))]
-        checks = explain_by_near_ties(checks, ties) + ties
+    checks += output_checks(sc_list, sres, pres, case.logprob_tol, near_ties=case.tree_v2)
     slog: smoke.LogFindings = stock["log"]
     plog: smoke.LogFindings = patched["log"]
     sprobe: smoke.ProbeSummary = stock["probe"]
@@ -1438,13 +1458,7 @@ def upstream_checks(sc_list: Sequence[dict[str, Any]], stock: dict[str, Any], up
     checks = [Check("0.5.13 run finished", upstream.get("returncode") == 0 and bool(ures),
                     f"returncode {upstream.get('returncode')}, SGLang "
                     f"{(upstream.get('result') or {}).get('sglang_version')}")]
-    same, ties = [], []
-    for sc in sc_list:
-        same += [Check(label + c.name, c.ok, c.detail) for c in
-                 compare_scenario(sc, ures.get(sc["name"]), pres.get(sc["name"]), logprob_tol)
-                 if c.name.endswith(MISMATCH_CHECKS)]
-        ties += near_tie_checks(sc, ures.get(sc["name"]), pres.get(sc["name"]), label)
-    checks += explain_by_near_ties(same, ties, label) + ties
+    checks += output_checks(sc_list, ures, pres, logprob_tol, near_ties=True, label=label, mismatch_only=True)
     notes = []
     for sc in sc_list:
         u, s = ures.get(sc["name"]), sres.get(sc["name"])
@@ -1850,39 +1864,32 @@ def judge_outputs(paths: Sequence[Path], vocab: int = 4096) -> tuple[bool, str]:
                 latest.pop(name, None)
                 latest[name] = (path, runs)
     for name, (path, runs) in latest.items():
-        if True:
-            case = next((c for c in all_cases() if c.name == name.split("~")[0]), None)
-            if case is None or not case.tree_v2 or "stock" not in runs or "patched" not in runs:
-                continue
-            sc_list = scenarios(case.profile, vocab)
-            # files of the first runs hold each scenario's outputs alone: their stop tokens are
-            # taken again from the source outputs, as the run took them (stop_token_choice)
-            runs = {m: {k: v if isinstance(v, dict) else {"outputs": v} for k, v in r.items()} for m, r in runs.items()}
-            for sc in sc_list:
-                for r in runs.values():
-                    entry, src = r.get(sc["name"]), r.get(sc.get("source", ""))
-                    if sc["kind"] == "stop_from" and entry and src and "stops" not in entry:
-                        stops = [stop_token_choice(o["output_ids"], i) for i, o in enumerate(src["outputs"][: sc["count"]])]
-                        entry["stops"] = [x for x in stops if x is not None]
+        case = next((c for c in all_cases() if c.name == name.split("~")[0]), None)
+        if case is None or not case.tree_v2 or "stock" not in runs or "patched" not in runs:
+            continue
+        sc_list = scenarios(case.profile, vocab)
+        # files of the first runs hold each scenario's outputs alone: their stop tokens are
+        # taken again from the source outputs, as the run took them (stop_token_choice)
+        runs = {m: {k: v if isinstance(v, dict) else {"outputs": v} for k, v in r.items()} for m, r in runs.items()}
+        for sc in sc_list:
+            for r in runs.values():
+                entry, src = r.get(sc["name"]), r.get(sc.get("source", ""))
+                if sc["kind"] == "stop_from" and entry and src and "stops" not in entry:
+                    stops = [stop_token_choice(o["output_ids"], i) for i, o in enumerate(src["outputs"][: sc["count"]])]
+                    entry["stops"] = [x for x in stops if x is not None]
+        checks = output_checks(sc_list, runs["stock"], runs["patched"], case.logprob_tol, near_ties=True)
+        notes: list[str] = []
+        if "upstream" in runs:
             res = {m: {"returncode": 0, "result": {"scenarios": r}} for m, r in runs.items()}
-            checks: list[Check] = []
-            for sc in sc_list:
-                checks += compare_scenario(sc, runs["stock"].get(sc["name"]), runs["patched"].get(sc["name"]),
-                                           case.logprob_tol)
-            ties = [c for sc in sc_list for c in near_tie_checks(sc, runs["stock"].get(sc["name"]),
-                                                                 runs["patched"].get(sc["name"]))]
-            checks = explain_by_near_ties(checks, ties) + ties
-            notes: list[str] = []
-            if "upstream" in runs:
-                more, notes = upstream_checks(sc_list, res["stock"], res["upstream"], res["patched"], case.logprob_tol)
-                checks += more
-            ok = all(c.ok for c in checks)
-            ok_all &= ok
-            lines.append(f"{'PASSED' if ok else 'FAILED':7} {name} ({path.name}){'' if 'upstream' in runs else '; no 0.5.13 run'}")
-            for c in checks:
-                if not c.ok or ("near-tie" in c.name and not c.detail.startswith("0 differing")):
-                    lines.append(f"    [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
-            lines.extend(f"    note: {n}" for n in notes)
+            more, notes = upstream_checks(sc_list, res["stock"], res["upstream"], res["patched"], case.logprob_tol)
+            checks += more
+        ok = all(c.ok for c in checks)
+        ok_all &= ok
+        lines.append(f"{'PASSED' if ok else 'FAILED':7} {name} ({path.name}){'' if 'upstream' in runs else '; no 0.5.13 run'}")
+        for c in checks:
+            if not c.ok or ("near-tie" in c.name and not c.detail.startswith("0 differing")):
+                lines.append(f"    [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+        lines.extend(f"    note: {n}" for n in notes)
     lines.append(f"JUDGED {'PASSED' if ok_all else 'FAILED'}")
     return ok_all, "\n".join(lines)
 
