@@ -2,10 +2,27 @@
 """Decode benchmark: stock SGLang 0.5.12.post1 vs. sglang_futuremap_patch (issue 6), and
 upstream SGLang 0.5.13 as a third column.
 
-Spec v2 (overlap scheduler), STANDALONE speculative decoding, 3 steps, topk 1, 4 draft
-tokens, greedy, ``ignore_eos``, dummy weights (``load_format="dummy"``, config.json only).
+STANDALONE speculative decoding, greedy, ``ignore_eos``, dummy weights (``load_format="dummy"``,
+config.json only). The speculative shape is ``--spec STEPS,TOPK,DRAFT_TOKENS`` (default
+``3,1,4``: a chain, 3 steps, topk 1, 4 draft tokens, on spec v2 (the overlap scheduler) on every
+side, as in every earlier record). Several shapes: repeat ``--spec`` or separate them with ``;``
+(``--spec 3,4,16 --spec 3,1,4`` or ``--spec '3,4,16;3,1,4'``); each is a case of its own. An
+EAGLE tree (topk > 1, e.g. ``3,4,16`` as SGLang's EAGLE3 docs, or ``5,4,8``, SGLang's auto
+choice for Llama) runs on spec v1 in stock SGLang 0.5.12.post1 ("Spec v1 is used for
+eagle/eagle3/standalone speculative decoding because spec v2 currently only supports topk = 1")
+and on spec v2 with the plugin ("spec v2 runs the EAGLE tree (...) with the overlap
+scheduler"; ``SGLANG_FUTUREMAP_TREE_SPEC_V2=0`` keeps spec v1). On Hopper with no attention
+backend given, SGLang picks FlashInfer for a tree (FA3 for a chain): name the backend.
 
-Cases are (model, backend):
+Dummy weights make the draft accept (almost) every token: the accept length is near its
+maximum (steps + 1; 4.0 for 3/1/4 and 3/4/16, 6.0 for 5/4/8), above what real weights give,
+so every tok/s here is an upper bound, and the tree's gain over a chain is its upper bound too
+where the tree is deeper (5/4/8 against 3/1/4: all its depth accepted). What the tree buys
+with real weights, a longer accepted path when the draft is unsure of the next token, cannot
+show: at equal depth (3/4/16 against 3/1/4) the chain already accepts everything, and the
+tree/chain ratio is the cost of the wider verify alone.
+
+Cases are (model, backend, spec; and prompt length):
 
 * models:   ``tiny`` -- 4-layer Llama, hidden 512, vocab 4096; draft = target (accept 4.0);
             ``8b``   -- 8B-shaped Llama target (hidden 4096, inter 14336, 32 layers, 32/8
@@ -25,6 +42,8 @@ Cases are (model, backend):
 * prompt length: ``--prompt-len`` (default 64); a longer one makes a case of its own (e.g.
   ``8b/default prompt 8192``, the long-context row) and the model's context length grows to
   fit (``context_needed``).
+* spec: ``--spec``; a case with other than 3/1/4 says so in its name (``8b/flashinfer spec
+  3/4/16``); a 3/1/4 case keeps the name it always had, so old result files merge with new.
 
 For every case the variants run alternately, each Engine in its own subprocess (its own
 process group and its own ports), so no plugin state leaks: stock, patched, stock, patched,
@@ -70,7 +89,15 @@ Extra passes, per case:
 
 Every Engine's log is scanned for the plugin's startup lines (``applied`` in the scheduler
 process for patched, ``disabled`` for stock, none and the site's SGLang version for
-upstream); a run that fails the check is kept in the JSON but left out of the medians. An
+upstream; with a tree, patched must also log its "spec v2 runs the EAGLE tree" line and stock
+must not); a run that fails the check is kept in the JSON but left out of the medians, with
+the reason (``validity``). Every run records the speculative path it took (``spec_path``:
+``spec v1`` / ``spec v2``, from SGLang's "Spec v1 is used" / "Spec v2 is enabled" line and the
+plugin's tree line, else from its server args' ``disable_overlap_schedule``), shown beside
+each variant in the summary with the accept length beside each tok/s. Where a result holds a
+tree case and a chain case of the same model, backend and prompt length, the summary (and
+``plot_bench.py``'s README) adds the patched tree against the patched chain per batch size
+("spec v2 topk 4 vs spec v2 topk 1": tok/s ratio, both accept lengths). An
 Engine that did not start or did not finish is a harness error (``error`` in its run, with
 the end of its log), counted apart from those. Every case records what its Engines ran
 (``summary.config``: backend, piecewise CUDA graph, page size, SGLang version, GPU per
@@ -113,6 +140,21 @@ SCHEDULER_TITLE = ge.SCHEDULER_TITLE
 DECODE_MODES = frozenset({"DECODE", "TARGET_VERIFY"})
 
 SPEC = {"speculative_algorithm": "STANDALONE", **ge.SPEC_STEPS}
+#: The three Engine kwargs ``--spec STEPS,TOPK,DRAFT_TOKENS`` sets, in that order.
+SPEC_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+SpecShape = tuple[int, int, int]
+#: The shape of every case without ``--spec`` (and of every case of an older result file): a
+#: chain of 3 steps, topk 1, 4 draft tokens. Its cases keep names without a spec.
+DEFAULT_SPEC: SpecShape = tuple(int(ge.SPEC_STEPS[k]) for k in SPEC_KEYS)  # type: ignore[assignment]
+SPEC_V1, SPEC_V2 = "spec v1", "spec v2"
+#: SGLang's own lines (server_args.py, 0.5.12.x and 0.5.13) for the path a speculative Engine
+#: takes; the plugin's auto-tree WARNING starts with the same words as the first.
+SPEC_V1_LINE = "Spec v1 is used for "
+SPEC_V2_LINE = "Spec v2 is enabled by default for "
+#: Dummy weights, in one line for the summary's and the README's header.
+DUMMY_NOTE = ("dummy weights: the draft accepts (almost) every token, so the accept length is near its maximum "
+              "(steps + 1) and every tok/s is an upper bound; a tree's gain over a chain is an upper bound where "
+              "the tree is deeper, and at equal depth the tree/chain ratio shows the tree's cost only")
 
 # (attention backend, piecewise CUDA graph on?); None: not passed, SGLang decides (on
 # H100/H200: FA3, piecewise CUDA graph on).
@@ -132,13 +174,29 @@ PCG_MAX_TOKENS = {"default": 512, "fa3-pcg": 512}
 MODELS = ("tiny", "8b")
 MEM_FRACTION = {"tiny": 0.3, "8b": 0.55}
 # First guess of one Engine run's wall time (start + work + shutdown), seconds, before any
-# run of the case has been seen; used only by the --deadline-s logic.
+# run of the model with (or without) piecewise CUDA graph has been seen; used only by the
+# --deadline-s logic.
 FIRST_GUESS_S = {
     ("tiny", False): 75.0,
     ("tiny", True): 180.0,
     ("8b", False): 120.0,
     ("8b", True): 240.0,
 }
+#: The same with piecewise CUDA graph capped at 512 tokens or fewer (``PCG_MAX_TOKENS``, the
+#: FA3 rows): a shorter torch.compile (seen on the H100: 8b 73-200 s, the first of a machine
+#: the longest).
+FIRST_GUESS_SMALL_PCG_S = {"tiny": 120.0, "8b": 180.0}
+#: Added to a chain's guess for a tree (its verify covers 8 or 16 tokens per request, and stock
+#: runs it on spec v1, without the overlap scheduler).
+TREE_EXTRA_S = {"tiny": 15.0, "8b": 40.0}
+
+
+def first_guess_s(model: str, backend: str, pcg_max_tokens: int | None = None) -> float:
+    """A chain Engine's first guessed wall time (see ``FIRST_GUESS_S``)."""
+    limit = pcg_max_tokens if pcg_max_tokens is not None else PCG_MAX_TOKENS.get(backend)
+    if backend_pcg(backend) and limit is not None and limit <= 512:
+        return FIRST_GUESS_SMALL_PCG_S[model]
+    return FIRST_GUESS_S[(model, backend_pcg(backend))]
 
 
 def backend_pcg(backend: str) -> bool:
@@ -169,6 +227,68 @@ def parse_name_list(text: str, allowed: Iterable[str]) -> list[str]:
         if p not in allowed:
             raise ValueError(f"unknown name {p!r}; choose from {allowed}")
     return out
+
+
+def parse_spec(text: str) -> SpecShape:
+    """``STEPS,TOPK,DRAFT_TOKENS`` (or ``STEPS/TOPK/DRAFT_TOKENS``) -> (steps, topk, draft
+    tokens); ValueError says what is wrong. A chain (topk 1) has steps + 1 draft tokens (SGLang
+    would change any other number to that); a tree at most 1 + topk + (steps - 1) * topk^2, the
+    root and the candidates its draft scores."""
+    raw = str(text).strip()
+    parts = raw.replace(" ", "").replace("/", ",").split(",")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"spec {raw!r}: want STEPS,TOPK,DRAFT_TOKENS, three positive integers (e.g. 3,4,16)")
+    steps, topk, draft = (int(p) for p in parts)
+    if min(steps, topk, draft) <= 0:
+        raise ValueError(f"spec {raw!r}: STEPS, TOPK and DRAFT_TOKENS must be positive")
+    if topk == 1 and draft != steps + 1:
+        raise ValueError(f"spec {raw!r}: a chain (TOPK 1) of {steps} steps has DRAFT_TOKENS = STEPS + 1 = "
+                         f"{steps + 1} (SGLang would change {draft} to that)")
+    most = 1 + topk + (steps - 1) * topk * topk
+    if topk > 1 and not 2 <= draft <= most:
+        raise ValueError(f"spec {raw!r}: a tree of {steps} steps and TOPK {topk} has 2 to {most} DRAFT_TOKENS")
+    return steps, topk, draft
+
+
+def parse_specs(values: Iterable[str]) -> list[SpecShape]:
+    """Every ``--spec`` value, each one shape or several separated by ``;``, in order, once each."""
+    out: list[SpecShape] = []
+    for value in values:
+        for part in str(value).split(";"):
+            if part.strip():
+                shape = parse_spec(part)
+                if shape not in out:
+                    out.append(shape)
+    if not out:
+        raise ValueError("no spec: want STEPS,TOPK,DRAFT_TOKENS")
+    return out
+
+
+def spec_arg(text: str) -> list[SpecShape]:
+    """``--spec``'s argparse type: a bad value is a usage error (argparse's message, no traceback)."""
+    try:
+        return parse_specs([text])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def spec_label(spec: Sequence[int]) -> str:
+    """``3/4/16``: steps / topk / draft tokens."""
+    return "/".join(str(int(x)) for x in spec)
+
+
+def spec_kwargs(spec: Sequence[int]) -> dict[str, int]:
+    return dict(zip(SPEC_KEYS, (int(x) for x in spec)))
+
+
+def case_spec(case: dict[str, Any]) -> SpecShape:
+    """A case's (steps, topk, draft tokens); a case of an older file, without one: the default."""
+    spec = case.get("spec")
+    return tuple(int(x) for x in spec) if spec else DEFAULT_SPEC  # type: ignore[return-value]
+
+
+def is_tree(spec: Sequence[int]) -> bool:
+    return int(spec[1]) > 1
 
 
 def model_configs(model: str, max_positions: int = 4096) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -211,16 +331,19 @@ def write_model_dirs(model: str, root: Path, max_positions: int = 4096) -> tuple
 
 def engine_kwargs(model: str, backend: str, target: str, draft: str, batch_sizes: Sequence[int], *,
                   mem_fraction: float | None = None, pcg_max_tokens: int | None = None,
-                  seed: int = 0, log_level: str = "info") -> dict[str, Any]:
+                  seed: int = 0, log_level: str = "info", spec: Sequence[int] = DEFAULT_SPEC) -> dict[str, Any]:
+    """``sglang.Engine`` kwargs of one case; ``spec``: (steps, topk, draft tokens)."""
     attn, pcg = BACKENDS[backend]
     bss = sorted(set(int(b) for b in batch_sizes))
     if pcg_max_tokens is None:
         pcg_max_tokens = PCG_MAX_TOKENS.get(backend)
-    return ge.spec_engine_kwargs(
+    kw = ge.spec_engine_kwargs(
         target, draft, algorithm=SPEC["speculative_algorithm"], backend=attn, cuda_graph=True, pcg=pcg,
         mem_fraction=mem_fraction if mem_fraction is not None else MEM_FRACTION[model], seed=seed,
         cuda_graph_max_bs=max(bss), pcg_max_tokens=pcg_max_tokens if backend_pcg(backend) else None,
         log_level=log_level, load_format="dummy", cuda_graph_bs=bss)
+    kw.update(spec_kwargs(spec))
+    return kw
 
 
 def make_prompts(bs: int, prompt_len: int, vocab: int, *, tag: str, seed: int = 6) -> list[list[int]]:
@@ -305,10 +428,13 @@ DEFAULT_PROMPT_LEN = 64
 
 
 def case_name(case: dict[str, Any]) -> str:
-    """``8b/default``, or ``8b/default prompt 8192`` for a case with other than the default
-    prompt length (the long-context row)."""
+    """``8b/default``; ``8b/default prompt 8192`` for a case with other than the default
+    prompt length (the long-context row); ``8b/flashinfer spec 3/4/16`` for a case with other
+    than the default spec (3/1/4, whose cases keep the name they always had)."""
     plen = case.get("prompt_len") or DEFAULT_PROMPT_LEN
-    return f"{case['model']}/{case['backend']}" + (f" prompt {plen}" if plen != DEFAULT_PROMPT_LEN else "")
+    spec = case_spec(case)
+    return (f"{case['model']}/{case['backend']}" + (f" prompt {plen}" if plen != DEFAULT_PROMPT_LEN else "")
+            + (f" spec {spec_label(spec)}" if spec != DEFAULT_SPEC else ""))
 
 
 def timed_runs(case: dict[str, Any], variant: str) -> list[dict[str, Any]]:
@@ -392,10 +518,21 @@ def case_variants(case: dict[str, Any]) -> list[str]:
     return ["stock", "patched"] + [v for v in ge.VARIANT_NAMES[2:] if v in seen]
 
 
+def variant_spec_path(case: dict[str, Any], variant: str) -> str | None:
+    """The spec path of a variant's runs (the valid ones where there are any): ``spec v1``,
+    ``spec v2``, ``mixed (spec v1, spec v2)`` or None (unknown)."""
+    runs = [r for r in case.get("runs", []) if r.get("variant") == variant]
+    runs = [r for r in runs if r.get("valid")] or runs
+    paths = sorted({p for p in (run_spec_path(r) for r in runs) if p})
+    if not paths:
+        return None
+    return paths[0] if len(paths) == 1 else f"mixed ({', '.join(paths)})"
+
+
 def case_config(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per variant, what its Engines really ran: the attention backend (``default``: the one
     SGLang picked, from its server args or its log), piecewise CUDA graph, page size, SGLang
-    version and GPU (the first run that reported them)."""
+    version and GPU (the first run that reported them), and the spec path of its runs."""
     requested = BACKENDS.get(case.get("backend", ""), (None, None))[0] or "default"
     out: dict[str, dict[str, Any]] = {}
     for r in sorted(case.get("runs", []), key=lambda r: not r.get("valid")):
@@ -409,7 +546,8 @@ def case_config(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
         out[v] = {"config": ge.config_label(eff, requested_backend=requested), "attention_backend":
                   eff.get("attention_backend"), "pcg": None if eff.get("disable_piecewise_cuda_graph") is None
                   else not eff["disable_piecewise_cuda_graph"], "page_size": eff.get("page_size"),
-                  "sglang_version": res.get("sglang_version"), "gpu": res.get("gpu")}
+                  "sglang_version": res.get("sglang_version"), "gpu": res.get("gpu"),
+                  "spec_path": variant_spec_path(case, v)}
     return out
 
 
@@ -419,7 +557,9 @@ def summarize_case(case: dict[str, Any]) -> dict[str, Any]:
     bss = sorted({int(b) for r in case.get("runs", []) for b in ((r.get("result") or {}).get("batches") or {})})
     variants = case_variants(case)
     timed = {v: timed_runs(case, v) for v in variants}
-    out: dict[str, Any] = {"batch_sizes": bss, "variants": variants, "n_runs": {v: len(timed[v]) for v in variants},
+    out: dict[str, Any] = {"batch_sizes": bss, "variants": variants, "spec": list(case_spec(case)),
+                           "spec_paths": {v: variant_spec_path(case, v) for v in variants},
+                           "n_runs": {v: len(timed[v]) for v in variants},
                            "invalid_runs": sum(1 for r in case.get("runs", []) if not r.get("valid")),
                            "error_runs": sum(1 for r in case.get("runs", []) if r.get("error")),
                            "config": case_config(case), "by_bs": {}}
@@ -466,9 +606,12 @@ TARGET_BLOCKED_REDUCTION = 0.90
 
 def evaluate_targets(cases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The issue's goals: ratio >= 1.10 at bs 1 on triton-nopcg, >= 0.99 elsewhere,
-    blocked host time per decode iteration down >= 90%."""
+    blocked host time per decode iteration down >= 90%. Chains only: the goals are about
+    spec v2 with and without the plugin, and a tree case sets stock's spec v1 against it."""
     out = []
     for case in cases:
+        if is_tree(case_spec(case)):
+            continue
         summ = case.get("summary") or summarize_case(case)
         for bs_s, row in summ["by_bs"].items():
             bs = int(bs_s)
@@ -485,6 +628,68 @@ def evaluate_targets(cases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 out.append({"case": name, "target": "blocked ms/iter down >= 90%", "value": red,
                             "met": None if red is None else red >= TARGET_BLOCKED_REDUCTION})
     return out
+
+
+def chain_case_for(tree: dict[str, Any], cases: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The chain (topk 1) a tree case is set against: same model, backend and prompt length;
+    the chain of the tree's depth where there is one, else the default 3/1/4, else any."""
+    plen = tree.get("prompt_len") or DEFAULT_PROMPT_LEN
+    chains = [c for c in cases if not is_tree(case_spec(c)) and c["model"] == tree["model"]
+              and c["backend"] == tree["backend"] and (c.get("prompt_len") or DEFAULT_PROMPT_LEN) == plen]
+    steps = case_spec(tree)[0]
+    for want in (lambda c: case_spec(c)[0] == steps, lambda c: case_spec(c) == DEFAULT_SPEC, lambda c: True):
+        found = [c for c in chains if want(c)]
+        if found:
+            return found[0]
+    return None
+
+
+def tree_vs_chain(cases: Sequence[dict[str, Any]], variant: str = "patched") -> list[dict[str, Any]]:
+    """Per tree case that has a chain to set against (``chain_case_for``): ``variant``'s decode
+    tok/s of the tree over the chain's per batch size, with both accept lengths and spec paths
+    (for patched: "spec v2 topk 4 vs spec v2 topk 1")."""
+    out = []
+    for tree in cases:
+        if not is_tree(case_spec(tree)):
+            continue
+        chain = chain_case_for(tree, cases)
+        if chain is None:
+            continue
+        ts, cs = (c.get("summary") or summarize_case(c) for c in (tree, chain))
+        rows = []
+        for bs in sorted(set(ts["by_bs"]) & set(cs["by_bs"]), key=int):
+            t, c = ts["by_bs"][bs].get(variant) or {}, cs["by_bs"][bs].get(variant) or {}
+            t_tok, c_tok = ((x.get("decode_tok_s") or {}).get("median") for x in (t, c))
+            rows.append({"bs": int(bs), "tree_tok_s": t_tok, "chain_tok_s": c_tok,
+                         "ratio": t_tok / c_tok if t_tok and c_tok else None,
+                         "tree_accept": (t.get("accept_length") or {}).get("median"),
+                         "chain_accept": (c.get("accept_length") or {}).get("median")})
+        out.append({"variant": variant, "tree": case_name(tree), "chain": case_name(chain),
+                    "tree_spec": list(case_spec(tree)), "chain_spec": list(case_spec(chain)),
+                    "tree_path": (ts.get("spec_paths") or {}).get(variant),
+                    "chain_path": (cs.get("spec_paths") or {}).get(variant), "rows": rows})
+    return out
+
+
+def tree_vs_chain_title(item: dict[str, Any]) -> str:
+    """``spec v2 topk 4 vs spec v2 topk 1``: the two sides' paths and topks."""
+    return (f"{item['tree_path'] or 'spec ?'} topk {item['tree_spec'][1]} vs "
+            f"{item['chain_path'] or 'spec ?'} topk {item['chain_spec'][1]}")
+
+
+def format_tree_vs_chain(items: Sequence[dict[str, Any]]) -> list[str]:
+    """The summary's lines of ``tree_vs_chain``."""
+    lines = []
+    for it in items:
+        lines.append(f"{tree_vs_chain_title(it)}, {it['variant']} (tree / chain): {it['tree']} vs {it['chain']} "
+                     f"({spec_label(it['tree_spec'])} vs {spec_label(it['chain_spec'])})")
+        for r in it["rows"]:
+            lines.append(f"  bs {r['bs']:>3}: tree {_fmt(r['tree_tok_s'], 1)} tok/s (accept "
+                         f"{_fmt(r['tree_accept'], 2)}), chain {_fmt(r['chain_tok_s'], 1)} tok/s (accept "
+                         f"{_fmt(r['chain_accept'], 2)}), tree / chain {_fmt(r['ratio'], 3)}")
+        if not it["rows"]:
+            lines.append("  no batch size in both")
+    return lines
 
 
 # ---------------------------------------------------------------------------- traces
@@ -608,20 +813,86 @@ def scan_plugin_log(text: str) -> dict[str, Any]:
 
     f = scan_log(text)
     return {"applied_pids": f.applied_pids, "applied_lines": f.applied_lines, "disabled_lines": f.disabled_lines,
-            "bad_lines": f.bad_lines[:10]}
+            "bad_lines": f.bad_lines[:10], "tree_v2_lines": f.tree_v2_lines,
+            "stock_tree_spec_v1_lines": f.stock_tree_spec_v1_lines}
+
+
+def tree_v2_mark() -> str:
+    """The plugin's line for a tree on spec v2 (``gpu_smoke.TREE_V2_MARK``)."""
+    from gpu_smoke import TREE_V2_MARK
+
+    return TREE_V2_MARK
+
+
+def _log_message(line: str, width: int = 200) -> str:
+    """A log line without its ``[time LEVEL pid=N]`` prefix, cut to ``width``."""
+    line = line.strip()
+    if line.startswith("[") and "] " in line:
+        line = line.split("] ", 1)[1]
+    return line[:width]
+
+
+def spec_path_from_log(text: str) -> tuple[str | None, str]:
+    """(``spec v1`` / ``spec v2`` / None, why) from an Engine's log. The plugin's tree line
+    wins wherever it is: the plugin lets SGLang's own method decide first (for a tree: spec v1,
+    and SGLang's line says so), then sends the tree to spec v2 and says that. Otherwise the
+    last of SGLang's "Spec v1 is used" / "Spec v2 is enabled" lines (the plugin's auto-tree
+    WARNING is one of the first kind)."""
+    mark = tree_v2_mark()
+    path, why = None, "no spec v1 / spec v2 line in the log"
+    for line in text.splitlines():
+        if mark in line:
+            return SPEC_V2, f"log: {_log_message(line)}"
+        if SPEC_V1_LINE in line:
+            path, why = SPEC_V1, f"log: {_log_message(line)}"
+        elif SPEC_V2_LINE in line:
+            path, why = SPEC_V2, f"log: {_log_message(line)}"
+    return path, why
+
+
+def spec_path_from_args(effective: dict[str, Any] | None) -> str | None:
+    """The path from resolved server args: spec v2 is speculative decoding with the overlap
+    scheduler on (``disable_overlap_schedule`` False), spec v1 with it off."""
+    off = (effective or {}).get("disable_overlap_schedule")
+    return None if off is None else (SPEC_V1 if off else SPEC_V2)
+
+
+def classify_spec_path(log_text: str, effective: dict[str, Any] | None) -> tuple[str | None, str]:
+    """A run's spec path and where it comes from: its log, else its server args; a
+    disagreement between the two is said in the second item."""
+    path, why = spec_path_from_log(log_text)
+    by_args = spec_path_from_args(effective)
+    if path is None:
+        return by_args, (f"server args: disable_overlap_schedule {(effective or {}).get('disable_overlap_schedule')}"
+                         if by_args else why)
+    if by_args is not None and by_args != path:
+        why += f"; but its server args say {by_args}"
+    return path, why
+
+
+def run_spec_path(run: dict[str, Any]) -> str | None:
+    """The spec path a run recorded; for a run of an older file (none recorded), its server args'."""
+    return run.get("spec_path") or spec_path_from_args((run.get("result") or {}).get("effective"))
 
 
 def run_validity(variant: str, log: dict[str, Any], scheduler_pids: Sequence[int], main_pid: int | None, *,
-                 version: str | None = None, expected_version: str | None = None) -> tuple[bool, str]:
+                 version: str | None = None, expected_version: str | None = None,
+                 tree: bool = False) -> tuple[bool, str]:
     """Was the plugin really off (stock) / on in every process (patched) / absent, with the
-    SGLang of its own site (upstream)?"""
+    SGLang of its own site (upstream)? With a ``tree`` (topk > 1), patched must also have said
+    that spec v2 runs it, and stock must not have (the plugin is off there)."""
+    tree_lines = int(log.get("tree_v2_lines") or 0)
     if variant == "upstream":
         ok = log["applied_lines"] == 0 and not log["bad_lines"] and version is not None and version == expected_version
         return ok, (f"SGLang {version} (site has {expected_version}); {log['applied_lines']} applied lines"
                     + (f"; bad lines: {log['bad_lines'][:2]}" if log["bad_lines"] else ""))
     if variant == "stock":
         ok = log["applied_lines"] == 0 and log["disabled_lines"] >= 1 and not log["bad_lines"]
-        return ok, f"{log['disabled_lines']} disabled / {log['applied_lines']} applied lines"
+        detail = f"{log['disabled_lines']} disabled / {log['applied_lines']} applied lines"
+        if tree and tree_lines:
+            ok = False
+            detail += f"; {tree_lines} '{tree_v2_mark()}' lines with the plugin off"
+        return ok, detail
     need = set(scheduler_pids) | ({main_pid} if main_pid else set())
     missing = sorted(need - set(log["applied_pids"]))
     ok = bool(scheduler_pids) and not missing and not log["bad_lines"] and log["applied_lines"] > 0
@@ -630,6 +901,10 @@ def run_validity(variant: str, log: dict[str, Any], scheduler_pids: Sequence[int
         detail += f"; missing {missing}"
     if log["bad_lines"]:
         detail += f"; bad lines: {log['bad_lines'][:2]}"
+    if tree:
+        ok = ok and tree_lines >= 1
+        detail += (f"; {tree_lines} '{tree_v2_mark()}' lines" if tree_lines
+                   else f"; no '{tree_v2_mark()}' line: the tree did not run on spec v2")
     return ok, detail
 
 
@@ -772,21 +1047,25 @@ def new_doc(command: str, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def get_case(doc: dict[str, Any], model: str, backend: str, prompt_len: int | None = None) -> dict[str, Any]:
-    """The case of (model, backend, prompt length) in ``doc``, made when missing."""
+def get_case(doc: dict[str, Any], model: str, backend: str, prompt_len: int | None = None,
+             spec: Sequence[int] | None = None) -> dict[str, Any]:
+    """The case of (model, backend, prompt length, spec) in ``doc``, made when missing (a case
+    without a spec, from an older file, is the default spec's)."""
     plen = prompt_len or DEFAULT_PROMPT_LEN
+    shape = tuple(int(x) for x in spec) if spec else DEFAULT_SPEC
     for c in doc["cases"]:
-        if c["model"] == model and c["backend"] == backend and (c.get("prompt_len") or DEFAULT_PROMPT_LEN) == plen:
+        if (c["model"] == model and c["backend"] == backend and (c.get("prompt_len") or DEFAULT_PROMPT_LEN) == plen
+                and case_spec(c) == shape):
             return c
-    c = {"model": model, "backend": backend, "prompt_len": plen, "engine_kwargs": None, "runs": [], "probe": {},
-         "profile": {}, "host": {}, "skipped": []}
+    c = {"model": model, "backend": backend, "prompt_len": plen, "spec": list(shape), "engine_kwargs": None,
+         "runs": [], "probe": {}, "profile": {}, "host": {}, "skipped": []}
     doc["cases"].append(c)
     return c
 
 
 def merge_docs(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Merge result files: cases by (model, backend, prompt length); runs concatenated, tagged
-    with their source; probe results from the later file win; profiles concatenated."""
+    """Merge result files: cases by (model, backend, prompt length, spec); runs concatenated,
+    tagged with their source; probe results from the later file win; profiles concatenated."""
     merged: dict[str, Any] = {"schema": SCHEMA, "sources": [], "cases": []}
     for i, doc in enumerate(docs):
         src = {k: doc.get(k) for k in ("date", "host", "command", "config", "env", "fa3")}
@@ -794,7 +1073,7 @@ def merge_docs(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         src["path"] = doc.get("_path")
         merged["sources"].append(src)
         for case in doc.get("cases", []):
-            m = get_case(merged, case["model"], case["backend"], case.get("prompt_len"))
+            m = get_case(merged, case["model"], case["backend"], case.get("prompt_len"), case_spec(case))
             m["skipped"] = m.get("skipped", []) + list(case.get("skipped") or [])
             if m["engine_kwargs"] is None:
                 m["engine_kwargs"] = case.get("engine_kwargs")
@@ -1436,8 +1715,9 @@ def run_engine(*, case: dict[str, Any], variant: ge.Variant, pass_: str, rep: in
                work: Path, log_dir: Path, timeout: float, log_config: Path, sync_site: Path | None,
                sync_impl: str = "own", ports: ge.PortAllocator | None = None) -> dict[str, Any]:
     plen = case.get("prompt_len") or DEFAULT_PROMPT_LEN
+    shape = case_spec(case)
     tag = (f"{case['model']}-{case['backend']}" + (f"-p{plen}" if plen != DEFAULT_PROMPT_LEN else "")
-           + f"-{pass_}-{variant.name}-r{rep}")
+           + (f"-s{'_'.join(map(str, shape))}" if shape != DEFAULT_SPEC else "") + f"-{pass_}-{variant.name}-r{rep}")
     rdir = work / tag
     rdir.mkdir(parents=True, exist_ok=True)
     probe_dir = rdir / "probe"
@@ -1469,7 +1749,9 @@ def run_engine(*, case: dict[str, Any], variant: ge.Variant, pass_: str, rep: in
     res = result or {}
     valid, detail = run_validity(variant.name, log_info, probe.scheduler_pids, res.get("pid"),
                                  version=res.get("sglang_version"),
-                                 expected_version=ge.site_sglang_version(variant.site) if variant.site else None)
+                                 expected_version=ge.site_sglang_version(variant.site) if variant.site else None,
+                                 tree=is_tree(shape))
+    spec_path, spec_path_from = classify_spec_path(text, res.get("effective"))
     error = ge.engine_error(rc, result, text)
     if error is None and res.get("errors") and not res.get("batches"):
         error = "; ".join(res["errors"])[:500]
@@ -1488,6 +1770,9 @@ def run_engine(*, case: dict[str, Any], variant: ge.Variant, pass_: str, rep: in
         "log_tail": ge.log_tail(text) if error else None,
         "log": log_path.name,
         "log_backend": ge.backend_from_log(text),
+        "spec": list(shape),
+        "spec_path": spec_path,
+        "spec_path_from": spec_path_from,
         "ports": block.as_dict(),
         "plugin_log": log_info,
         "scheduler_pids": probe.scheduler_pids,
@@ -1503,7 +1788,7 @@ def run_engine(*, case: dict[str, Any], variant: ge.Variant, pass_: str, rep: in
         )
     if pass_ == "host":
         run["host"] = summarize_host_docs(host_profile_module().read_profiles(str(probe_dir)))
-    print(f"   {tag}: rc {rc}, {wall:.1f} s, valid {valid} ({detail})"
+    print(f"   {tag}: rc {rc}, {wall:.1f} s, {spec_path or 'spec path ?'}, valid {valid} ({detail})"
           + (f"; HARNESS ERROR: {error}" if error else ""), flush=True)
     return run
 
@@ -1519,31 +1804,45 @@ def write_doc(doc: dict[str, Any], path: Path) -> None:
 
 
 def config_lines(summary: dict[str, Any], indent: str = "  ") -> list[str]:
-    """One line per variant: what its Engines ran (backend, PCG, page size, SGLang, GPU)."""
-    return [f"{indent}{v}: {c['config']}; SGLang {c.get('sglang_version') or '?'}; {c.get('gpu') or '?'}"
-            for v, c in (summary.get("config") or {}).items()]
+    """One line per variant: what its Engines ran (backend, PCG, page size, SGLang, GPU, spec path)."""
+    return [f"{indent}{v}: {c['config']}; SGLang {c.get('sglang_version') or '?'}; {c.get('gpu') or '?'}; "
+            f"{c.get('spec_path') or 'spec path ?'}" for v, c in (summary.get("config") or {}).items()]
+
+
+def variant_cell(row: dict[str, Any], variant: str, path: str | None) -> str:
+    """``123.4 tok/s (accept 3.99, spec v2)``: a variant's median decode tok/s at one batch
+    size, with its accept length and spec path."""
+    v = row.get(variant) or {}
+    tok, acc = ((v.get(k) or {}).get("median") for k in ("decode_tok_s", "accept_length"))
+    return f"{_fmt(tok, 1)} tok/s (accept {_fmt(acc, 2)}, {path or 'spec path ?'})"
 
 
 def format_summary(doc: dict[str, Any]) -> str:
     lines = [ge.fa3_line(bool(doc.get("fa3")))] if "fa3" in doc else []
+    lines.append(DUMMY_NOTE)
     for case in doc["cases"]:
         s = case.get("summary") or summarize_case(case)
         variants = s.get("variants") or ["stock", "patched"]
-        lines.append(f"{case_name(case)}: runs " + ", ".join(f"{v} {s['n_runs'].get(v, 0)}" for v in variants)
+        paths = s.get("spec_paths") or {}
+        shape = case_spec(case)
+        lines.append(f"{case_name(case)}" + (f" (spec {spec_label(shape)})" if shape == DEFAULT_SPEC else "")
+                     + ": runs " + ", ".join(f"{v} {s['n_runs'].get(v, 0)}" for v in variants)
                      + f", invalid {s['invalid_runs']}, harness errors {s.get('error_runs', 0)}")
         lines += config_lines(s)
         for r in case.get("runs", []):
             if r.get("error"):
                 lines.append(f"  HARNESS ERROR {r['pass']} {r['variant']} rep {r['rep']}: {r['error']}; last lines:")
                 lines.extend("    | " + ln for ln in (r.get("log_tail") or "").splitlines()[-12:])
+            elif not r.get("valid"):
+                lines.append(f"  left out: {r.get('pass')} {r.get('variant')} rep {r.get('rep')}: {r.get('validity')}")
         lines += [f"  skipped: {m}" for m in case.get("skipped") or []]
         for bs, row in s["by_bs"].items():
-            med = {v: (row[v]["decode_tok_s"] or {}).get("median") for v in variants}
             b = row["blocked_ms_per_iter"]
-            others = "".join(f", {v} {_fmt(med[v], 1)} tok/s (x{_fmt(row['ratios'].get(v), 3)})"
+            others = "".join(f", {v} {variant_cell(row, v, paths.get(v))[:-1]}; x{_fmt(row['ratios'].get(v), 3)})"
                              for v in variants[2:])
             lines.append(
-                f"  bs {bs:>3}: stock {_fmt(med['stock'], 1)} tok/s, patched {_fmt(med['patched'], 1)} tok/s, "
+                f"  bs {bs:>3}: stock {variant_cell(row, 'stock', paths.get('stock'))}, "
+                f"patched {variant_cell(row, 'patched', paths.get('patched'))}, "
                 f"ratio {_fmt(row['ratio'], 3)}{others}; "
                 f"blocked ms/iter {' -> '.join(_fmt(b.get(v), 3) for v in variants)}; "
                 f"idle {' -> '.join(_fmt(row['idle_fraction'].get(v), 3) for v in variants)}")
@@ -1561,6 +1860,7 @@ def format_summary(doc: dict[str, Any]) -> str:
                 for d in h["top_tottime_delta"][:8]:
                     lines.append(f"           {d['delta']:+8.1f} us  {d['func']} ({_fmt(d['stock'], 1)} -> "
                                  f"{_fmt(d['patched'], 1)}; calls {d['calls_stock']:.2f} -> {d['calls_patched']:.2f})")
+    lines += format_tree_vs_chain(tree_vs_chain(doc["cases"]))
     for t in doc.get("targets", []):
         met = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]
         lines.append(f"[{met}] {t['case']}: {t['target']} (value {_fmt(t['value'], 3)})")
@@ -1573,7 +1873,7 @@ def _fmt(v: Any, nd: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        description="Decode benchmark of stock SGLang vs. sglang_futuremap_patch (spec v2, STANDALONE).",
+        description="Decode benchmark of stock SGLang vs. sglang_futuremap_patch (STANDALONE speculative decoding).",
         epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -1581,6 +1881,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated models from {list(MODELS)} (default tiny)")
     p.add_argument("--backend", "--backends", dest="backends", default="triton-nopcg",
                    help=f"comma-separated backends from {list(BACKENDS)} (default triton-nopcg)")
+    p.add_argument("--spec", action="append", type=spec_arg, metavar="STEPS,TOPK,DRAFT_TOKENS",
+                   help=f"speculative num_steps, eagle_topk, num_draft_tokens of every Engine (default "
+                        f"{','.join(map(str, DEFAULT_SPEC))}: a chain); a tree, e.g. 3,4,16 or 5,4,8, runs on spec v1 "
+                        "in stock SGLang and on spec v2 with the plugin. Several: repeat --spec or separate them "
+                        "with ';' (--spec '3,4,16;3,1,4'); each is a case of its own")
     p.add_argument("--reps", type=int, default=3, help="timed Engine runs per variant, alternating (default 3; 0: none)")
     p.add_argument("--batch-sizes", default="1,4,16,48", help="default 1,4,16,48")
     p.add_argument("--max-new-tokens", type=int, default=256, help="decode length per request (default 256)")
@@ -1657,6 +1962,7 @@ def main(argv: list[str] | None = None) -> int:
     bss = parse_int_list(args.batch_sizes)
     prof_bss = parse_int_list(args.profile_batch_sizes) if args.profile else []
     variants = ge.make_variants(parse_name_list(args.variants, ge.VARIANT_NAMES), upstream=args.upstream_site)
+    specs = list(dict.fromkeys(x for group in (args.spec or [[DEFAULT_SPEC]]) for x in group))
     if args.max_new_tokens < 2:
         raise SystemExit("--max-new-tokens must be >= 2")
     command = recorded_command(sys.argv[1:] if argv is None else argv)
@@ -1665,7 +1971,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_new_tokens": args.max_new_tokens, "prompt_len": args.prompt_len, "trials": args.trials,
         "warmup_new_tokens": args.warmup_new_tokens, "probe": args.probe, "probe_trials": args.probe_trials,
         "profile": args.profile, "profile_batch_sizes": prof_bss, "profile_new_tokens": args.profile_new_tokens,
-        "profile_trim": [args.profile_trim_head, args.profile_trim_tail], "spec": SPEC,
+        "profile_trim": [args.profile_trim_head, args.profile_trim_tail],
+        "spec": dict(SPEC, **spec_kwargs(specs[0])), "specs": [list(x) for x in specs],
         "host_profile": args.host_profile, "host_trials": args.host_trials, "pin_cpus": args.pin_cpus,
         "variants": {v.name: v.mode for v in variants}, "upstream_site": next((v.site for v in variants if v.site), None),
         "pcg_max_tokens": args.pcg_max_tokens, "mem_fraction": args.mem_fraction,
@@ -1676,13 +1983,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for m in models:
             for b in backends:
-                kw = engine_kwargs(m, b, f"<{m}/target>", f"<{m}/draft>", bss, mem_fraction=args.mem_fraction,
-                                   pcg_max_tokens=args.pcg_max_tokens)
-                print(f"{m}/{b} (context {max_positions}): " + json.dumps(kw))
-                for pass_, rep, group in plan:
-                    print(f"   {pass_} rep {rep}: " + ", ".join(
-                        f"{v.name} ({ENV_MODE}={v.mode}" + (f", SGLang of {v.site}" if v.site else "") + ")"
-                        for v in group))
+                for shape in specs:
+                    kw = engine_kwargs(m, b, f"<{m}/target>", f"<{m}/draft>", bss, mem_fraction=args.mem_fraction,
+                                       pcg_max_tokens=args.pcg_max_tokens, spec=shape)
+                    name = case_name({"model": m, "backend": b, "prompt_len": args.prompt_len, "spec": shape})
+                    expect = ("tree, expected: stock spec v1, patched and upstream spec v2" if is_tree(shape)
+                              else "chain, expected: spec v2")
+                    print(f"{name}: spec {spec_label(shape)} (steps/topk/draft tokens; {expect}), "
+                          f"context {max_positions}: " + json.dumps(kw))
+                    for pass_, rep, group in plan:
+                        print(f"   {pass_} rep {rep}: " + ", ".join(
+                            f"{v.name} ({ENV_MODE}={v.mode}" + (f", SGLang of {v.site}" if v.site else "") + ")"
+                            for v in group))
         return 0
 
     out = args.out.resolve()
@@ -1718,13 +2030,14 @@ def main(argv: list[str] | None = None) -> int:
         doc["env"]["upstream_version"] = next((ge.site_sglang_version(v.site) for v in variants if v.site), None)
         print(ge.fa3_line(doc["fa3"]) + "".join(f"; {k}: {'FA3' if x else 'no FA3'}" for k, x in fa3.items()),
               flush=True)
+        walls: dict[tuple[str, bool], float] = {}
         for model in models:
             target, draft = write_model_dirs(model, work / "models", max_positions)
             vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
-            for backend in backends:
-                case = get_case(doc, model, backend, args.prompt_len)
+            for backend, shape in ((b, x) for b in backends for x in specs):
+                case = get_case(doc, model, backend, args.prompt_len, shape)
                 kw = engine_kwargs(model, backend, target, draft, bss, mem_fraction=args.mem_fraction,
-                                   pcg_max_tokens=args.pcg_max_tokens)
+                                   pcg_max_tokens=args.pcg_max_tokens, spec=shape)
                 case["engine_kwargs"] = kw
                 case["max_positions"] = max_positions
                 runnable = [v for v in variants if not needs_fa3(backend) or fa3[v.name]]
@@ -1744,7 +2057,11 @@ def main(argv: list[str] | None = None) -> int:
                     "settle_s": args.settle_s, "phase_settle_s": args.phase_settle_s, "pin_cpus": args.pin_cpus,
                     "gpu_release_s": args.gpu_release_s,
                 }
-                est = FIRST_GUESS_S[(model, backend_pcg(backend))]
+                # A chain Engine's wall time so far (by model and PCG: the next case of the
+                # chunk starts from it, not from the first guess), plus a tree's extra.
+                key = (model, backend_pcg(backend))
+                extra = TREE_EXTRA_S[model] if is_tree(shape) else 0.0
+                est = walls.get(key, first_guess_s(model, backend, args.pcg_max_tokens)) + extra
                 for pass_, rep, group in plan:
                     group = [v for v in group if v in runnable]
                     if not deadline.allows(est * len(group)):
@@ -1759,6 +2076,7 @@ def main(argv: list[str] | None = None) -> int:
                                          log_dir=log_dir, timeout=timeout, log_config=log_config,
                                          sync_site=sync_site, sync_impl=sync_impl, ports=ports)
                         est = max(est * 0.5, run["wall_s"]) if run["returncode"] == 0 else max(est, run["wall_s"])
+                        walls[key] = max(est - extra, 1.0)
                         res = run.get("result") or {}
                         if res.get("sglang_version"):
                             doc["env"]["sglang_versions"].setdefault(variant.name, res["sglang_version"])

@@ -5,8 +5,14 @@
     python3 scripts/plot_bench.py a.json b.json --out-dir /tmp/x --merged /tmp/x/merged.json
 
 A ``reading.md`` in the out dir (the interpretation, written by hand) is appended to the README.
-Cases are merged by (model, backend) across files: the timed runs of all files count
-(pairs are formed within a file), the later file's probe result wins, profiles add up.
+Cases are merged by (model, backend, prompt length, spec) across files: the timed runs of all
+files count (pairs are formed within a file), the later file's probe result wins, profiles add
+up. A file without specs is the default spec's (3/1/4). Each row shows the spec path of each
+variant (spec v1 / spec v2) and the accept length beside each tok/s. Where the merged cases hold
+an EAGLE tree (topk > 1) and a chain (topk 1) of the same model, backend and prompt length, the
+README adds the patched tree against the patched chain per batch size ("spec v2 topk 4 vs spec
+v2 topk 1"). Dummy weights: the accept length is near its maximum, every tok/s an upper bound
+(see bench_spec_v2.py).
 The plot needs matplotlib (``pip install matplotlib``; without it only the README is
 written). Exit status 0 whatever the targets say; they are printed and put in the README.
 """
@@ -76,8 +82,30 @@ def has_upstream(merged: dict[str, Any]) -> bool:
     return any("upstream" in (c.get("summary") or bench.summarize_case(c))["variants"] for c in merged["cases"])
 
 
+def _path(path: str | None) -> str:
+    """``v1`` / ``v2`` for ``spec v1`` / ``spec v2``; ``?`` when unknown."""
+    return (path or "?").replace("spec ", "")
+
+
+def spec_path_cell(summary: dict[str, Any], variants: Sequence[str]) -> str:
+    """``v1 / v2``: each variant's spec path, in the order of the runs column (``-``: a variant
+    without runs in this case)."""
+    paths = summary.get("spec_paths") or {}
+    ran = summary.get("variants") or ["stock", "patched"]
+    return " / ".join(_path(paths.get(v)) if v in ran else "-" for v in variants)
+
+
+def tok_cell(r: dict[str, Any], variant: str) -> str:
+    """``95.0 [90.0-100.0] (acc 4.00)``: decode tok/s over runs, with the accept length."""
+    v = r.get(variant) or {}
+    if not v.get("decode_tok_s") and not v.get("accept_length"):
+        return "-"
+    return f"{_range(v.get('decode_tok_s'))} (acc {_f(_med(v.get('accept_length')), 2)})"
+
+
 def table_rows(merged: dict[str, Any]) -> list[list[str]]:
     upstream = has_upstream(merged)
+    variants = ["stock", "patched", "upstream"] if upstream else ["stock", "patched"]
     rows = []
     for case in merged["cases"]:
         s = case.get("summary") or bench.summarize_case(case)
@@ -88,21 +116,19 @@ def table_rows(merged: dict[str, Any]) -> list[list[str]]:
             row = [
                 case_label(case),
                 config_cell(s),
+                spec_path_cell(s, variants),
                 str(bs),
-                "/".join(str(s["n_runs"].get(v, 0)) for v in (["stock", "patched", "upstream"] if upstream
-                                                                else ["stock", "patched"])),
-                _range(r["stock"]["decode_tok_s"]),
-                _range(r["patched"]["decode_tok_s"]),
+                "/".join(str(s["n_runs"].get(v, 0)) for v in variants),
+                tok_cell(r, "stock"),
+                tok_cell(r, "patched"),
                 _f(r["ratio"], 3) + (f" ({_f(r['paired_ratio']['min'], 3)}-{_f(r['paired_ratio']['max'], 3)})"
                                      if r.get("paired_ratio") and r["paired_ratio"]["n"] > 1 else ""),
             ]
             if upstream:
-                up = r.get("upstream") or {}
-                row.append(_range(up.get("decode_tok_s")) + (f" (x{_f(r['ratios'].get('upstream'), 3)})"
-                                                               if (r.get("ratios") or {}).get("upstream") else ""))
+                ratio = (r.get("ratios") or {}).get("upstream")
+                row.append(tok_cell(r, "upstream") + (f" (x{_f(ratio, 3)})" if ratio else ""))
             row += [
                 _pair(_med(r["stock"]["tpot_ms"]), _med(r["patched"]["tpot_ms"]), 3),
-                _pair(_med(r["stock"]["accept_length"]), _med(r["patched"]["accept_length"]), 2),
                 _pair(blocked["stock"], blocked["patched"], 3)
                 + (f" ({_pct(-r['blocked_reduction'])})" if r.get("blocked_reduction") is not None else ""),
                 _pair(vd["stock"], vd["patched"], 3),
@@ -113,12 +139,32 @@ def table_rows(merged: dict[str, Any]) -> list[list[str]]:
 
 
 def header(upstream: bool) -> list[str]:
-    head = ["case", "config", "bs", "runs s/p" + ("/u" if upstream else ""), "stock tok/s (median [min-max])",
-            "patched tok/s", "ratio p/s (paired min-max)"]
+    u = "/u" if upstream else ""
+    head = ["case", "config", "spec path s / p" + (" / u" if upstream else ""), "bs", f"runs s/p{u}",
+            "stock tok/s (median [min-max]) (accept len)", "patched tok/s (accept len)", "ratio p/s (paired min-max)"]
     if upstream:
-        head.append("upstream tok/s (ratio u/s)")
-    return head + ["TPOT ms s / p", "accept len s / p", "blocked ms/iter s / p (change)", "verify_done ms/iter s / p",
-                   "GPU idle s / p"]
+        head.append("upstream tok/s (accept len) (ratio u/s)")
+    return head + ["TPOT ms s / p", "blocked ms/iter s / p (change)", "verify_done ms/iter s / p", "GPU idle s / p"]
+
+
+def tree_section(merged: dict[str, Any]) -> str:
+    """The patched tree against the patched chain of the same model, backend and prompt length
+    (``bench.tree_vs_chain``), one table per tree case."""
+    parts = []
+    for it in bench.tree_vs_chain(merged["cases"]):
+        rows = [[str(r["bs"]), f"{_f(r['tree_tok_s'])} (acc {_f(r['tree_accept'], 2)})",
+                 f"{_f(r['chain_tok_s'])} (acc {_f(r['chain_accept'], 2)})", _f(r["ratio"], 3)] for r in it["rows"]]
+        parts += [f"### {bench.tree_vs_chain_title(it)}: {it['tree']} vs {it['chain']} ({it['variant']})", "",
+                  markdown_table(["bs", f"tree {bench.spec_label(it['tree_spec'])} tok/s (accept len)",
+                                  f"chain {bench.spec_label(it['chain_spec'])} tok/s (accept len)", "tree / chain"],
+                                 rows) if rows else "- no batch size in both", ""]
+    return "\n".join(parts).rstrip()
+
+
+def specs_line(merged: dict[str, Any]) -> str:
+    """``3/1/4 (chain), 3/4/16 (tree)``: the specs of the merged cases, steps / topk / draft tokens."""
+    specs = sorted({bench.case_spec(c) for c in merged["cases"]}, key=lambda x: (x[1], x))
+    return ", ".join(f"{bench.spec_label(x)} ({'tree' if bench.is_tree(x) else 'chain'})" for x in specs) or "-"
 
 
 HEADER = header(False)
@@ -243,8 +289,10 @@ def render_readme(merged: dict[str, Any], targets: Sequence[dict[str, Any]], plo
         f"| GPU | {_uniq([e.get('gpu') for e in envs])} |",
         f"| SGLang | {versions_line(envs)} (torch {_uniq([e.get('torch_version') for e in envs])}) |",
         f"| FA3 | {_uniq([_yes(s.get('fa3')) for s in merged['sources']])} |",
-        "| config | spec v2 (overlap scheduler), STANDALONE, 3 steps, topk 1, 4 draft tokens, greedy, `ignore_eos`, "
-        "dummy weights, CUDA graph on (`cuda_graph_bs` = the batch sizes) |",
+        f"| config | STANDALONE, steps / topk / draft tokens {specs_line(merged)}; a chain runs on spec v2 (overlap "
+        "scheduler) on every side, a tree on spec v1 in stock 0.5.12.post1 and on spec v2 with the plugin (column "
+        "'spec path'); greedy, `ignore_eos`, dummy weights, CUDA graph on (`cuda_graph_bs` = the batch sizes) |",
+        f"| dummy weights | {bench.DUMMY_NOTE[len('dummy weights: '):]} |",
         f"| workload | {cfg_line} |",
         "| variants | stock = `SGLANG_FUTUREMAP_PATCH=off`, patched = `strict`"
         + ("; upstream = stock SGLang of the upstream bundle (its own site folder, no plugin)" if has_upstream(merged)
@@ -262,6 +310,13 @@ def render_readme(merged: dict[str, Any], targets: Sequence[dict[str, Any]], plo
     ]
     if plot_name:
         parts += [f"![patched/stock decode tok/s]({plot_name})", ""]
+    trees = tree_section(merged)
+    if trees:
+        parts += ["## Trees against chains (patched: tree / chain decode tok/s)", "",
+                  "Both sides are the patched SGLang on the same backend; accept lengths beside each tok/s. With dummy "
+                  "weights the draft accepts (almost) everything: the accept length is near its maximum (steps + 1), so "
+                  "these numbers are upper bounds, and at equal depth the ratio is the cost of the tree's wider verify "
+                  "alone (what a tree buys with real weights, a longer accepted path, cannot show).", "", trees, ""]
     parts += [
         f"## Targets ({met}/{known} met)",
         "",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -283,7 +284,12 @@ def test_merge_docs_and_readme(tmp_path):
     assert "- tiny triton-nopcg, bs 1: GPU busy 600 / 590 us per decode iteration, idle 40.0% / 10.0%" in text
     assert ("- tiny triton-nopcg, bs 1: 3000 / 2900 us per decode iteration (100 / 100 iterations, GC 1.0 / 1.0 us); "
             "largest differences in own time (us/iter): `x.py:1(f)` +35") in text
-    assert "| tiny triton-nopcg | - | 1 | 2/2 | 95.0 [90.0-100.0] | 109.5 [99.0-120.0] | 1.153 (1.100-1.200) |" in text
+    # no server args and no spec path in these runs: "?"; the accept length beside each tok/s
+    assert ("| tiny triton-nopcg | - | ? / ? | 1 | 2/2 | 95.0 [90.0-100.0] (acc 4.00) | 109.5 [99.0-120.0] (acc 4.00) "
+            "| 1.153 (1.100-1.200) |") in text
+    assert "| config | STANDALONE, steps / topk / draft tokens 3/1/4 (chain);" in text
+    assert "| dummy weights | the draft accepts (almost) every token" in text
+    assert "## Trees against chains" not in text  # no tree here
     assert "2.000 / 0.500 (-75.0%)" in text and "40.0% / 10.0%" in text
     assert "NVIDIA H200" in text and "0.5.12.post1" in text and "bench_spec_v2.py --x" in text
     assert "plot cmd" in text and "skipped probe rep 0" in text
@@ -301,7 +307,8 @@ def test_merge_docs_and_readme(tmp_path):
 
 
 def test_upstream_column_and_configuration_in_the_readme_and_plot(tmp_path):
-    eff = {"attention_backend": "fa3", "disable_piecewise_cuda_graph": False, "page_size": 1}
+    eff = {"attention_backend": "fa3", "disable_piecewise_cuda_graph": False, "page_size": 1,
+           "disable_overlap_schedule": False}
 
     def run(variant, rep, vals, version):
         r = _run(variant, rep, vals)
@@ -320,10 +327,12 @@ def test_upstream_column_and_configuration_in_the_readme_and_plot(tmp_path):
     merged, _ = plot_bench.build([path], tmp_path / "out", do_plot=False)
     text = (tmp_path / "out" / "README.md").read_text()
     assert "| SGLang | stock/patched 0.5.12.post1; upstream 0.5.13 (torch 2.11.0) |" in text and "| FA3 | yes |" in text
-    assert "upstream tok/s (ratio u/s)" in text and "runs s/p/u" in text
-    assert ("| 8b default | fa3 (SGLang's default), PCG on, page 1 | 1 | 1/1/1 | 100.0 | 110.0 | 1.100 | 120.0 (x1.200) |"
-            in text)
-    assert "| 8b default prompt 8192 | fa3 (SGLang's default), PCG on, page 1 | 8 | 1/1/0 | 400.0 | 420.0 | 1.050 | - |" in text
+    assert "upstream tok/s (accept len) (ratio u/s)" in text and "runs s/p/u" in text and "spec path s / p / u" in text
+    # spec path of every variant (from the server args of these older-style runs), accept beside every tok/s
+    assert ("| 8b default | fa3 (SGLang's default), PCG on, page 1 | v2 / v2 / v2 | 1 | 1/1/1 | 100.0 (acc 4.00) | "
+            "110.0 (acc 4.00) | 1.100 | 120.0 (acc 4.00) (x1.200) |") in text
+    assert ("| 8b default prompt 8192 | fa3 (SGLang's default), PCG on, page 1 | v2 / v2 / - | 8 | 1/1/0 | "
+            "400.0 (acc 4.00) | 420.0 (acc 4.00) | 1.050 | - |") in text
     series = plot_bench.ratio_series(merged)
     assert [(label, v, xs, [round(y, 3) for y in ys]) for label, v, xs, ys, _, _ in series] == [
         ("8b default [fa3 (SGLang's default), PCG on, page 1]", "patched", [1, 16], [1.1, 1.03]),
@@ -410,10 +419,29 @@ class _FM:
     def __init__(self, name): self.name = name
 class _Batch:
     def __init__(self, name): self.forward_mode = _FM(name)
+def _log(level, msg):
+    import sys
+    print(f"[2026-01-01 00:00:00 {level} pid={os.getpid()}] {msg}", file=sys.stderr, flush=True)
+def _spec_path(kw):
+    """As SGLang 0.5.12.post1's server args: a tree goes to spec v1; the plugin (on, and not
+    told SGLANG_FUTUREMAP_TREE_SPEC_V2=0) then sends it back to spec v2. True: overlap off."""
+    topk = kw.get("speculative_eagle_topk", 1)
+    if topk == 1:
+        _log("WARNING", "Spec v2 is enabled by default for eagle/eagle3/standalone speculative decoding.")
+        return False
+    _log("WARNING", "Spec v1 is used for eagle/eagle3/standalone speculative decoding because spec v2 "
+                    "currently only supports topk = 1.")
+    if os.environ.get("SGLANG_FUTUREMAP_PATCH") == "off" or os.environ.get("SGLANG_FUTUREMAP_TREE_SPEC_V2") == "0":
+        return True
+    tree = (kw["speculative_num_steps"], topk, kw["speculative_num_draft_tokens"])
+    _log("INFO", "sglang_futuremap_patch: spec v2 runs the EAGLE tree (num_steps=%s, eagle_topk=%s, "
+                 "num_draft_tokens=%s) with the overlap scheduler; SGLANG_FUTUREMAP_TREE_SPEC_V2=0 keeps spec v1." % tree)
+    return False
 class Engine:
     def __init__(self, **kw):
         import setproctitle
         setproctitle.setproctitle("sglang::scheduler")
+        self.overlap_off = _spec_path(kw)
         from sglang.srt.managers import scheduler as sm
         sm.load_plugins()
         self.sched = sm.Scheduler()
@@ -423,14 +451,15 @@ class Engine:
         info = dict(self.kw, version=__version__)  # what SGLang resolves on Hopper when nothing is said
         info.setdefault("attention_backend", "fa3")
         info.setdefault("disable_piecewise_cuda_graph", False)
-        return dict(info, page_size=1)
+        return dict(info, page_size=1, disable_overlap_schedule=self.overlap_off)
     def generate(self, input_ids, sampling_params):
         n = sampling_params[0]["max_new_tokens"]
         self.sched.get_next_batch_to_run()  # the scheduler loop: one tick per batch
         self.sched.run_batch(_Batch("EXTEND"))
         time.sleep(0.002)
-        iters = math.ceil((n - 1) / 4)
+        iters = math.ceil((n - 1) / (self.kw.get("speculative_num_steps", 3) + 1))
         per = 0.0006 if os.environ.get("SGLANG_FUTUREMAP_PATCH") == "off" else 0.0005
+        per *= 1.5 if self.kw.get("speculative_eagle_topk", 1) > 1 else 1.0
         for _ in range(iters):
             self.sched.get_next_batch_to_run()
             self.sched.run_batch(_Batch("DECODE"))
@@ -462,17 +491,17 @@ def fake_site(tmp_path):
     return root
 
 
-def _fake_bench(tmp_path, fake_site, *extra):
+def _fake_bench(tmp_path, fake_site, *extra, rc=0, env_extra=None):
     pytest.importorskip("setproctitle")
     out = tmp_path / "res" / "bench.json"
-    env = dict(os.environ)
+    env = dict(os.environ, **(env_extra or {}))
     env.setdefault(ge.FA3_ENV, "0")
     env["PYTHONPATH"] = os.pathsep.join([str(fake_site)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     cmd = [sys.executable, str(SCRIPTS / "bench_spec_v2.py"), "--model", "tiny", "--backend", "triton-nopcg",
            "--batch-sizes", "1,4", "--max-new-tokens", "33", "--warmup-new-tokens", "5", "--out", str(out),
            "--settle-s", "0.1", "--phase-settle-s", "0.12", "--gpu-release-s", "0", "--run-timeout", "60", *extra]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.returncode == rc, p.stdout + p.stderr
     return p, out, json.loads(out.read_text())
 
 
@@ -731,3 +760,236 @@ def test_recorded_command_hides_machine_folders():
                                   "/tmp/bench-logs-x1", "--upstream-site", "/tmp/site-0.5.13", "--reps", "1"])
     assert cmd == ("scripts/bench_spec_v2.py --model 8b --out OUT/bench-8b.json --log-dir LOGS "
                    "--upstream-site UPSTREAM_SITE --reps 1")
+
+
+# ----------------------------------------------------------------------------- spec: EAGLE trees and chains
+
+STOCK_TREE_V1 = ("[2026-01-01 00:00:00 WARNING pid=7] Spec v1 is used for eagle/eagle3/standalone speculative "
+                 "decoding because spec v2 currently only supports topk = 1.")
+SPEC_V2_CHAIN = "[2026-01-01 00:00:00 WARNING pid=7] Spec v2 is enabled by default for eagle/eagle3/standalone speculative decoding."
+PLUGIN_TREE_V2 = ("[2026-01-01 00:00:01 INFO pid=7] sglang_futuremap_patch: spec v2 runs the EAGLE tree (num_steps=3, "
+                  "eagle_topk=4, num_draft_tokens=16) with the overlap scheduler; SGLANG_FUTUREMAP_TREE_SPEC_V2=0 keeps "
+                  "spec v1.")
+APPLIED = "[2026-01-01 00:00:02 INFO pid={pid}] sglang_futuremap_patch: applied 11 back-ports to SGLang 0.5.12.post1 [pid {pid}]: a"
+DISABLED = "[2026-01-01 00:00:02 INFO pid=7] sglang_futuremap_patch: disabled by SGLANG_FUTUREMAP_PATCH=off"
+
+
+def test_parse_spec_and_its_errors():
+    assert bench.parse_spec("3,4,16") == (3, 4, 16) and bench.parse_spec(" 5/4/8 ") == (5, 4, 8)
+    assert bench.DEFAULT_SPEC == (3, 1, 4) and bench.parse_spec("3,1,4") == bench.DEFAULT_SPEC
+    assert bench.parse_specs(["3,4,16;3,1,4", "5,4,8", "3/4/16"]) == [(3, 4, 16), (3, 1, 4), (5, 4, 8)]
+    for bad, words in (("3,4", "three positive integers"), ("3,x,4", "three positive integers"),
+                       ("0,1,1", "must be positive"), ("3,1,5", "DRAFT_TOKENS = STEPS + 1 = 4"),
+                       ("3,4,40", "has 2 to 37 DRAFT_TOKENS"), ("2,4,1", "has 2 to 21 DRAFT_TOKENS")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            bench.parse_spec(bad)
+    with pytest.raises(ValueError, match="no spec"):
+        bench.parse_specs([" ; "])
+
+
+@pytest.mark.parametrize("bad, words", [("3,4", "three positive integers"), ("3,1,5", "STEPS + 1 = 4"),
+                                        ("3,4,16;4,1,4", "STEPS + 1 = 5")])
+def test_a_bad_spec_is_a_usage_error_not_a_traceback(bad, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--dry-run", "--spec", "3,4,16", "--spec", bad])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "error: argument --spec: spec " in err and words in err
+    assert "Traceback" not in err
+
+
+def test_spec_cases_labels_kwargs_and_merging(tmp_path):
+    # the default spec's case keeps its old name (and an old file's case, without a spec, is that case)
+    assert bench.case_name({"model": "8b", "backend": "flashinfer"}) == "8b/flashinfer"
+    assert bench.case_name({"model": "8b", "backend": "flashinfer", "spec": [3, 1, 4]}) == "8b/flashinfer"
+    assert bench.case_name({"model": "8b", "backend": "flashinfer", "spec": [3, 4, 16]}) == "8b/flashinfer spec 3/4/16"
+    assert bench.case_name({"model": "8b", "backend": "default", "prompt_len": 8192, "spec": (5, 4, 8)}) == (
+        "8b/default prompt 8192 spec 5/4/8")
+    assert plot_bench.case_label({"model": "8b", "backend": "fa3-pcg", "spec": [3, 4, 16]}) == "8b fa3-pcg spec 3/4/16"
+    doc = bench.new_doc("x", {})
+    tree = bench.get_case(doc, "8b", "flashinfer", 64, (3, 4, 16))
+    chain = bench.get_case(doc, "8b", "flashinfer", 64)
+    assert tree is not chain and tree["spec"] == [3, 4, 16] and chain["spec"] == [3, 1, 4]
+    assert bench.get_case(doc, "8b", "flashinfer", 64, [3, 4, 16]) is tree and len(doc["cases"]) == 2
+    t, d = bench.write_model_dirs("8b", tmp_path)
+    kw = bench.engine_kwargs("8b", "flashinfer", t, d, [1, 48], spec=(5, 4, 8))
+    assert (kw["speculative_num_steps"], kw["speculative_eagle_topk"], kw["speculative_num_draft_tokens"]) == (5, 4, 8)
+    assert kw["attention_backend"] == "flashinfer" and kw["speculative_algorithm"] == "STANDALONE"
+    # an old file's 3/1/4 case and a new file's merge; the tree stays a case of its own
+    old = _doc([_case(model="8b", backend="flashinfer", runs=[_run("stock", 0, {1: [100]}), _run("patched", 0, {1: [110]})])])
+    new = _doc([dict(_case(model="8b", backend="flashinfer", runs=[_run("stock", 0, {1: [90]}),
+                                                                   _run("patched", 0, {1: [100]})]), spec=[3, 1, 4]),
+                dict(_case(model="8b", backend="flashinfer", runs=[_run("stock", 0, {1: [50]})]), spec=[3, 4, 16])])
+    pa, pb = tmp_path / "old.json", tmp_path / "new.json"
+    pa.write_text(json.dumps(old))
+    pb.write_text(json.dumps(new))
+    merged = bench.merge_docs(bench.load_docs([pa, pb]))
+    assert [(bench.case_name(c), len(c["runs"])) for c in merged["cases"]] == [
+        ("8b/flashinfer", 4), ("8b/flashinfer spec 3/4/16", 1)]
+
+
+def test_dry_run_prints_the_spec_of_every_case(capsys):
+    assert bench.main(["--dry-run", "--model", "8b", "--backend", "flashinfer,fa3-pcg", "--reps", "1", "--no-probe",
+                       "--spec", "3,4,16;3,1,4", "--spec", "5,4,8"]) == 0
+    heads = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith(" ")]
+    assert [ln.split(":", 1)[0] for ln in heads] == [
+        "8b/flashinfer spec 3/4/16", "8b/flashinfer", "8b/flashinfer spec 5/4/8",
+        "8b/fa3-pcg spec 3/4/16", "8b/fa3-pcg", "8b/fa3-pcg spec 5/4/8"]
+    assert "spec 3/1/4 (steps/topk/draft tokens; chain, expected: spec v2)" in heads[1]
+    assert "spec 5/4/8 (steps/topk/draft tokens; tree, expected: stock spec v1" in heads[2]
+    kw = json.loads(heads[0].split("context 4096: ", 1)[1])
+    assert (kw["speculative_num_steps"], kw["speculative_eagle_topk"], kw["speculative_num_draft_tokens"]) == (3, 4, 16)
+
+
+def test_spec_path_from_the_log_and_the_server_args():
+    # stock 0.5.12.post1 with a tree: SGLang's own spec v1 line
+    assert bench.spec_path_from_log(STOCK_TREE_V1)[0] == "spec v1"
+    # the plugin lets SGLang send the tree to spec v1 first, then says it runs on spec v2: that wins
+    path, why = bench.spec_path_from_log("\n".join([STOCK_TREE_V1, PLUGIN_TREE_V2]))
+    assert path == "spec v2" and why.startswith("log: sglang_futuremap_patch: spec v2 runs the EAGLE tree")
+    # a chain: SGLang's spec v2 line; the last of SGLang's lines counts
+    assert bench.spec_path_from_log(SPEC_V2_CHAIN)[0] == "spec v2"
+    assert bench.spec_path_from_log("\n".join([SPEC_V2_CHAIN, STOCK_TREE_V1]))[0] == "spec v1"
+    # the plugin kept on spec v1 (SGLANG_FUTUREMAP_TREE_SPEC_V2=0), or its auto-tree WARNING
+    assert bench.spec_path_from_log(STOCK_TREE_V1 + "\nsglang_futuremap_patch: applied")[0] == "spec v1"
+    auto = ("[x WARNING pid=7] sglang_futuremap_patch: Spec v1 is used for EAGLE3 speculative decoding because the "
+            "auto-chosen tree (num_steps=5, eagle_topk=4, num_draft_tokens=8) does not run on spec v2 here: x.")
+    assert bench.spec_path_from_log(auto)[0] == "spec v1"
+    assert bench.spec_path_from_log("nothing here") == (None, "no spec v1 / spec v2 line in the log")
+    # no line: the server args say it (overlap scheduler off = spec v1); a disagreement is said
+    assert bench.classify_spec_path("", {"disable_overlap_schedule": True}) == (
+        "spec v1", "server args: disable_overlap_schedule True")
+    assert bench.classify_spec_path("", {}) == (None, "no spec v1 / spec v2 line in the log")
+    path, why = bench.classify_spec_path(PLUGIN_TREE_V2, {"disable_overlap_schedule": True})
+    assert path == "spec v2" and why.endswith("but its server args say spec v1")
+    # a run of an older file (no spec_path): its server args
+    assert bench.run_spec_path({"result": {"effective": {"disable_overlap_schedule": False}}}) == "spec v2"
+    assert bench.run_spec_path({"spec_path": "spec v1", "result": {}}) == "spec v1"
+    assert bench.run_spec_path({"result": None}) is None
+
+
+def test_a_patched_tree_without_its_spec_v2_line_is_left_out():
+    patched_v2 = bench.scan_plugin_log("\n".join([STOCK_TREE_V1, PLUGIN_TREE_V2, APPLIED.format(pid=10),
+                                                  APPLIED.format(pid=11)]))
+    patched_v1 = bench.scan_plugin_log("\n".join([STOCK_TREE_V1, APPLIED.format(pid=10), APPLIED.format(pid=11)]))
+    assert patched_v2["tree_v2_lines"] == 1 and patched_v1["tree_v2_lines"] == 0
+    assert bench.run_validity("patched", patched_v2, [11], 10, tree=True)[0] is True
+    ok, why = bench.run_validity("patched", patched_v1, [11], 10, tree=True)
+    assert ok is False and "no 'spec v2 runs the EAGLE tree' line: the tree did not run on spec v2" in why
+    assert bench.run_validity("patched", patched_v1, [11], 10)[0] is True  # a chain needs no tree line
+    stock = bench.scan_plugin_log("\n".join([STOCK_TREE_V1, DISABLED]))
+    assert bench.run_validity("stock", stock, [11], 10, tree=True)[0] is True
+    ok, why = bench.run_validity("stock", dict(stock, tree_v2_lines=1), [11], 10, tree=True)
+    assert ok is False and "with the plugin off" in why
+    # and the invalid run is out of the medians, with its reason in the summary
+    case = dict(_case(model="8b", backend="flashinfer", runs=[
+        _run("stock", 0, {1: [100]}), dict(_run("patched", 0, {1: [300]}, valid=False), validity=why)]), spec=[3, 4, 16])
+    assert bench.summarize_case(case)["n_runs"] == {"stock": 1, "patched": 0}
+    assert f"  left out: timed patched rep 0: {why}" in bench.format_summary(_doc([case]))
+
+
+def _spec_run(variant, rep, per_bs, path, acc):
+    r = _run(variant, rep, per_bs)
+    for b in r["result"]["batches"].values():
+        for t in b["trials"]:
+            t["accept_length"] = acc
+    return dict(r, spec_path=path)
+
+
+def test_tree_against_chain_table_summary_and_readme(tmp_path):
+    def case(spec, backend, stock, patched, stock_path, acc):
+        return dict(_case(model="8b", backend=backend, runs=[
+            _spec_run("stock", 0, stock, stock_path, acc), _spec_run("patched", 0, patched, "spec v2", acc)]), spec=spec)
+
+    chain = case([3, 1, 4], "flashinfer", {1: [300], 16: [4000]}, {1: [330], 16: [4100]}, "spec v2", 4.0)
+    tree = case([3, 4, 16], "flashinfer", {1: [200], 16: [2000]}, {1: [264], 16: [3075]}, "spec v1", 3.99)
+    deep = case([5, 4, 8], "flashinfer", {1: [250]}, {1: [396]}, "spec v1", 5.9)
+    lone = case([3, 4, 16], "fa3-pcg", {1: [200]}, {1: [260]}, "spec v1", 4.0)  # no fa3-pcg chain: no table
+    chain5 = case([5, 1, 6], "triton-nopcg", {1: [1]}, {1: [1]}, "spec v2", 6.0)  # another backend: never used
+    cases = [tree, chain, deep, lone, chain5]
+    assert bench.chain_case_for(tree, cases) is chain and bench.chain_case_for(lone, cases) is None
+    items = bench.tree_vs_chain(cases)
+    assert [(it["tree"], it["chain"]) for it in items] == [("8b/flashinfer spec 3/4/16", "8b/flashinfer"),
+                                                           ("8b/flashinfer spec 5/4/8", "8b/flashinfer")]
+    first = items[0]
+    assert bench.tree_vs_chain_title(first) == "spec v2 topk 4 vs spec v2 topk 1"
+    assert [(r["bs"], r["ratio"], r["tree_accept"], r["chain_accept"]) for r in first["rows"]] == [
+        (1, pytest.approx(0.8), 3.99, 4.0), (16, pytest.approx(0.75), 3.99, 4.0)]
+    assert [r["bs"] for r in items[1]["rows"]] == [1] and items[1]["rows"][0]["ratio"] == pytest.approx(1.2)
+    # a chain of the tree's own depth is preferred to the default one
+    chain5fi = case([5, 1, 6], "flashinfer", {1: [360]}, {1: [360]}, "spec v2", 6.0)
+    assert bench.chain_case_for(deep, cases + [chain5fi]) is chain5fi
+    # the summary: header note, spec path and accept beside each tok/s, the tree/chain table
+    doc = _doc(cases)
+    text = bench.format_summary(doc)
+    assert text.splitlines()[0].startswith("dummy weights: the draft accepts (almost) every token")
+    assert ("  bs   1: stock 200.0 tok/s (accept 3.99, spec v1), patched 264.0 tok/s (accept 3.99, spec v2), "
+            "ratio 1.320") in text
+    assert "8b/flashinfer (spec 3/1/4): runs stock 1, patched 1" in text
+    assert ("spec v2 topk 4 vs spec v2 topk 1, patched (tree / chain): 8b/flashinfer spec 3/4/16 vs 8b/flashinfer "
+            "(3/4/16 vs 3/1/4)") in text
+    assert ("  bs  16: tree 3075.0 tok/s (accept 3.99), chain 4100.0 tok/s (accept 4.00), tree / chain 0.750"
+            in text)
+    # the issue's targets are about chains: no tree case among them
+    assert {t["case"].split(" bs ")[0] for t in bench.evaluate_targets(cases)} == {"8b/flashinfer", "8b/triton-nopcg spec 5/1/6"}
+    # the README: a section with one table per tree that has its chain
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(doc))
+    plot_bench.build([path], tmp_path / "out", do_plot=False)
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "## Trees against chains (patched: tree / chain decode tok/s)" in readme
+    assert "### spec v2 topk 4 vs spec v2 topk 1: 8b/flashinfer spec 3/4/16 vs 8b/flashinfer (patched)" in readme
+    assert "| bs | tree 3/4/16 tok/s (accept len) | chain 3/1/4 tok/s (accept len) | tree / chain |" in readme
+    assert "| 16 | 3075.0 (acc 3.99) | 4100.0 (acc 4.00) | 0.750 |" in readme
+    assert "8b fa3-pcg spec 3/4/16 vs" not in readme
+    assert "| 8b flashinfer spec 3/4/16 | - | v1 / v2 | 1 | 1/1 | 200.0 (acc 3.99) | 264.0 (acc 3.99) | 1.320 |" in readme
+    assert "3/1/4 (chain), 5/1/6 (chain), 3/4/16 (tree), 5/4/8 (tree)" in readme
+
+
+def test_end_to_end_tree_and_chain_with_fake_sglang(tmp_path, fake_site):
+    p, out, doc = _fake_bench(tmp_path, fake_site, "--spec", "3,4,16", "--spec", "3,1,4", "--reps", "1",
+                              "--no-probe", "--batch-sizes", "1")
+    assert [bench.case_name(c) for c in doc["cases"]] == ["tiny/triton-nopcg spec 3/4/16", "tiny/triton-nopcg"]
+    assert doc["config"]["specs"] == [[3, 4, 16], [3, 1, 4]] and doc["config"]["spec"]["speculative_eagle_topk"] == 4
+    tree, chain = doc["cases"]
+    assert tree["engine_kwargs"]["speculative_num_draft_tokens"] == 16
+    assert [(r["variant"], r["spec_path"], r["valid"]) for r in tree["runs"]] == [
+        ("stock", "spec v1", True), ("patched", "spec v2", True)], [r["validity"] for r in tree["runs"]]
+    assert [(r["variant"], r["spec_path"], r["valid"]) for r in chain["runs"]] == [
+        ("stock", "spec v2", True), ("patched", "spec v2", True)]
+    assert "spec v2 runs the EAGLE tree" in tree["runs"][1]["spec_path_from"]
+    assert "1 'spec v2 runs the EAGLE tree' lines" in tree["runs"][1]["validity"]
+    assert tree["summary"]["spec_paths"] == {"stock": "spec v1", "patched": "spec v2"}
+    logs = sorted(x.name for x in (out.parent / "bench-logs").iterdir())
+    assert sum(x.startswith("tiny-triton-nopcg-s3_4_16-timed-") for x in logs) == 2 and len(logs) == 4
+    assert "patched 0" not in p.stdout and "stock: triton, PCG off, page 1; SGLang 0.5.12.post1-fake; Fake GPU; spec v1" in p.stdout
+    assert "spec v2 topk 4 vs spec v2 topk 1, patched (tree / chain)" in p.stdout and "tree / chain " in p.stdout
+
+
+def test_end_to_end_patched_tree_kept_on_spec_v1_is_left_out(tmp_path, fake_site):
+    p, out, doc = _fake_bench(tmp_path, fake_site, "--spec", "3,4,16", "--reps", "1", "--no-probe", "--batch-sizes",
+                              "1", rc=1, env_extra={"SGLANG_FUTUREMAP_TREE_SPEC_V2": "0"})
+    (case,) = doc["cases"]
+    stock, patched = case["runs"]
+    assert stock["valid"] and stock["spec_path"] == "spec v1"
+    assert not patched["valid"] and patched["spec_path"] == "spec v1" and patched["error"] is None
+    assert "no 'spec v2 runs the EAGLE tree' line" in patched["validity"]
+    assert case["summary"]["n_runs"] == {"stock": 1, "patched": 0} and case["summary"]["invalid_runs"] == 1
+    assert "left out: timed patched rep 0: " in p.stdout
+
+
+def test_first_guess_of_a_tree_engine():
+    assert bench.first_guess_s("8b", "flashinfer") == 120.0 and bench.first_guess_s("8b", "triton-pcg") == 240.0
+    assert bench.first_guess_s("8b", "fa3-pcg") == 180.0 and bench.first_guess_s("8b", "default") == 180.0
+    assert bench.first_guess_s("8b", "triton-pcg", pcg_max_tokens=512) == 180.0
+    assert bench.first_guess_s("8b", "fa3-pcg", pcg_max_tokens=4096) == 240.0
+    # an fa3-pcg tree pair fits a chunk's deadline (~500 s) on the first guess
+    assert 2 * (bench.first_guess_s("8b", "fa3-pcg") + bench.TREE_EXTRA_S["8b"]) < 500
+
+
+def test_end_to_end_the_next_case_starts_from_the_walls_seen(tmp_path, fake_site):
+    """A chain pair (first guess 2 x 75 s) fits a 160 s deadline; the tree pair after it would
+    not on its first guess (2 x 90 s), but the Engines took seconds, and that is its guess."""
+    p, out, doc = _fake_bench(tmp_path, fake_site, "--spec", "3,1,4;3,4,16", "--reps", "1", "--no-probe",
+                              "--batch-sizes", "1", "--deadline-s", "160")
+    assert [(bench.case_name(c), len(c["runs"]), c["skipped"]) for c in doc["cases"]] == [
+        ("tiny/triton-nopcg", 2, []), ("tiny/triton-nopcg spec 3/4/16", 2, [])]
