@@ -9,7 +9,8 @@
 #   bash scripts/gpu/run_bench.sh --model tiny --backend triton-nopcg --reps 3 --profile
 #
 # OUT gets at most 4 files (flat): setup.log, bench-<tag>.json, summary-<tag>.txt,
-# logs-<tag>.tar.gz (every Engine log). <tag> = BENCH_TAG or model-backend from the arguments.
+# logs-<tag>.tar.gz (every Engine log). <tag> = BENCH_TAG or model-backend[-s<spec>...] from the
+# arguments.
 # Merge the JSONs of several chunks on your machine:
 #   python3 scripts/plot_bench.py path/to/bench-*.json      # -> results/bench/{bench.png,README.md}
 #
@@ -48,6 +49,36 @@
 #   --model tiny --backend default --reps 1 --profile                 4 Engines  ~7-8 min
 # Without FA3 these rows are skipped (no FA3) with a line, and the chunk ends at once.
 #
+# EAGLE trees (--spec STEPS,TOPK,DRAFT_TOKENS; default 3,1,4 = the chain of every row above):
+# stock 0.5.12.post1 runs a tree on spec v1, the plugin on spec v2 (each run's spec path is in
+# the JSON and the summary; a patched tree run without the plugin's "spec v2 runs the EAGLE tree"
+# line is left out). Name the backend: with none, SGLang picks FlashInfer for a tree on Hopper.
+# Time per 8b tree Engine: start as a chain (~1 min without PCG, ~2.5-3 min with; seen on the
+# H100: 45 s and 50-150 s, the first Engine of a fresh machine the slowest) + timed work, guessed
+# ~40-80 s (a chain's is 30-40 s; the tree verifies 16 or 8 tokens per request, stock without the
+# overlap scheduler): ~2-2.5 min without PCG, ~3.5-4.5 min with. Each chunk one call, carry
+# [".gpu"] (fa3-pcg: FA3 staged first, as above); bs 1/4/16/48:
+#   --model 8b --backend flashinfer --spec 3,4,16 --spec 3,1,4 --reps 1 --no-probe
+#                                                                      4 Engines  ~6-8.5 min (tree + its chain
+#                                                                      from one machine: the "spec v2 topk 4
+#                                                                      vs spec v2 topk 1" table)
+#   --model 8b --backend flashinfer --spec 5,4,8 --reps 1 --no-probe  2 Engines  ~4-5.5 min
+#   --model 8b --backend flashinfer --spec 3,4,16 --spec 5,4,8 --reps 1 --no-probe
+#                                                                      4 Engines  ~7-9 min (both trees, no chain)
+#   --model 8b --backend fa3-pcg --spec 3,4,16 --reps 1 --no-probe    2 Engines  ~5-9 min
+#   --model 8b --backend fa3-pcg --spec 5,4,8 --reps 1 --no-probe     2 Engines  ~5-9 min
+#   --model 8b --backend fa3-pcg --reps 1 --no-probe                  2 Engines  ~4-8 min (the fa3-pcg chain
+#                                                                      for that table: no record has it yet)
+#   --model 8b --backend flashinfer --spec 3,4,16 --spec 5,4,8 --reps 0 --probe
+#                                                                      4 Engines  ~6-8.5 min (probe only: host
+#                                                                      syncs per decode iteration, stock spec
+#                                                                      v1 vs patched spec v2, untimed)
+# The flashinfer chain (3,1,4) of earlier records merges with these by its label (8b/flashinfer),
+# but the table takes medians over every file: a chain from the same machine and day is better.
+# The bench guesses a tree Engine at a chain's wall time (the first guess, then what the chunk's
+# Engines took) + 40 s, and leaves out an Engine pair the budget does not hold (its JSON keeps the
+# rest); split a two-spec chunk into one --spec each if that happens.
+#
 # The upstream column (stock SGLang 0.5.13 from .gpu-0513; ratios against stock 0.5.12.post1):
 #   [carry [".gpu-0513-fa3a"]: bash .gpu-0513-fa3a/stage.sh; carry [".gpu-0513-fa3b"]: bash .gpu-0513-fa3b/stage.sh]
 #                                                   (its FA3: needed for backend default / fa3-*)
@@ -66,8 +97,9 @@
 #
 # Environment knobs:
 #   OUT                 result folder (default ./gpu-out)
-#   BENCH_TAG           file-name tag (default model-backend[-p<prompt len>][-<variants>] from the
-#                       arguments, e.g. 8b-default-p8192 or 8b-default-stock_upstream)
+#   BENCH_TAG           file-name tag (default model-backend[-p<prompt len>][-s<spec>...][-<variants>]
+#                       from the arguments, e.g. 8b-default-p8192, 8b-default-stock_upstream or
+#                       8b-flashinfer-s3_4_16-s5_4_8; the default spec 3,1,4 adds nothing)
 #   SGLANG_UPSTREAM_SITE  the upstream variant's site folder (default /tmp/site312-0.5.13)
 #   BENCH_BUDGET_S      seconds this whole script may take (default 555)
 #   BENCH_SITE          pip --target for the plugin when .gpu/activate.sh is used (default /tmp/site312)
@@ -84,23 +116,34 @@ START=$(date +%s)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 gpu_enter_repo
 
-# Tag from --model/--backend values (first of each), a --prompt-len other than 64 and --variants
-# other than stock,patched, e.g. 8b-triton-nopcg, 8b-default-p8192, 8b-default-stock_upstream.
+# Tag from --model/--backend values (first of each), a --prompt-len other than 64, every --spec
+# other than 3,1,4 (each "-s" and its numbers, ';'-separated ones too) and --variants other than
+# stock,patched, e.g. 8b-triton-nopcg, 8b-default-p8192, 8b-flashinfer-s3_4_16-s5_4_8,
+# 8b-default-stock_upstream.
 tag_of() {
-    local model="" backend="" plen="" variants="" prev=""
+    local model="" backend="" plen="" variants="" specs="" prev="" s one parts
     for a in "$@"; do
+        s=""
         case "$prev" in
             --model|--models) model="$a" ;; --backend|--backends) backend="$a" ;;
-            --prompt-len) plen="$a" ;; --variants) variants="$a" ;;
+            --prompt-len) plen="$a" ;; --variants) variants="$a" ;; --spec) s="$a" ;;
         esac
         case "$a" in
             --model=*|--models=*) model="${a#*=}" ;; --backend=*|--backends=*) backend="${a#*=}" ;;
-            --prompt-len=*) plen="${a#*=}" ;; --variants=*) variants="${a#*=}" ;;
+            --prompt-len=*) plen="${a#*=}" ;; --variants=*) variants="${a#*=}" ;; --spec=*) s="${a#*=}" ;;
         esac
+        if [ -n "$s" ]; then
+            IFS=';' read -r -a parts <<< "$s"
+            for one in "${parts[@]}"; do
+                one="${one// /}"; one="${one//\//,}"
+                if [ -n "$one" ] && [ "$one" != "3,1,4" ]; then specs+="-s${one//,/_}"; fi
+            done
+        fi
         prev="$a"
     done
     printf '%s-%s' "${model:-tiny}" "${backend:-triton-nopcg}"
     if [ -n "$plen" ] && [ "$plen" != 64 ]; then printf -- '-p%s' "$plen"; fi
+    printf '%s' "$specs"
     if [ -n "$variants" ] && [ "$variants" != "stock,patched" ]; then printf -- '-%s' "${variants//,/_}"; fi
 }
 # Only [A-Za-z0-9_.-] in file names: the device tool does not bring back a name with "+" in it.
