@@ -65,8 +65,9 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
   tree-v2``): the patched run on spec v2, stock on spec v1: the auto tree on FA3 + PCG,
   explicit trees 3 / 4 / 16 and 5 / 4 / 8 with the STANDALONE draft on FlashInfer, FA3 and
   Triton (CUDA graph on and off, PCG on one FA3 case), EAGLE3 5 / 4 / 8 on Triton, the ``eos``
-  churn (Triton) and the ``radix`` profile (FlashInfer); ids compared exactly, the matrix
-  profile's logprobs within 1e-3 (spec v1 and v2 compute them in other kernels).
+  churn (Triton) and the ``radix`` profile (FlashInfer), page size 16 on FlashInfer and FA3
+  (with the ``eos`` churn on FA3); ids compared exactly, the matrix profile's logprobs
+  within 1e-3 (spec v1 and v2 compute them in other kernels).
 
 With several GPUs (``--gpus``, default: every visible one) single-GPU Engines are spread over
 them round-robin; a TP=2 Engine takes the first two. Every Engine gets ports no other Engine of
@@ -337,7 +338,8 @@ _TREE_V2 = {"env": ((TREE_SPEC_V2_ENV, None),), "tree_v2": True, "upstream": Tru
 
 
 def tree_v2_cases() -> list[Case]:
-    """EAGLE trees (topk > 1, page size 1) that the patched run decodes on spec v2 against stock
+    """EAGLE trees (topk > 1; page size 1, and 16 on FlashInfer / FA3) that the patched run
+    decodes on spec v2 against stock
     SGLang on spec v1 with the same tree. Explicit trees: the same launch on both sides (stock
     sends it to spec v1 itself), mostly with the STANDALONE draft, which gets part of the tree
     accepted (the EAGLE3 draft gets ~1 token a step: one case). SGLang's auto-chosen tree
@@ -358,6 +360,15 @@ def tree_v2_cases() -> list[Case]:
                       spec_tree(3, 4, 16), **v2))
     cases.append(Case("treev2-radix-standalone-flashinfer-5x4x8", "STANDALONE", "flashinfer", True, False,
                       "tree-radix", spec_tree(5, 4, 8), **v2))
+    # Page size 16 (back-port paged-tree-spec-v2): FlashInfer and FA3, the backends SGLang
+    # 0.5.12.x accepts for a tree in pages; prompts of every length modulo 16.
+    page16 = (("page_size", 16),)
+    for backend, tree, graph in (("flashinfer", (3, 4, 16), True), ("flashinfer", (5, 4, 8), False),
+                                 ("fa3", (5, 4, 8), True), ("fa3", (3, 4, 16), False)):
+        cases.append(Case(f"treev2-page16-standalone-{backend}-{'x'.join(map(str, tree))}-{_graph_name(graph, False)}",
+                          "STANDALONE", backend, graph, False, "tree", spec_tree(*tree) + page16, **v2))
+    cases.append(Case("treev2-eos-page16-standalone-fa3-3x4x16", "STANDALONE", "fa3", True, False, "tree-eos",
+                      spec_tree(3, 4, 16) + page16, **v2))
     return cases
 
 

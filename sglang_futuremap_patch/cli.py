@@ -52,8 +52,9 @@ def _tree_choice() -> str:
     from sglang_futuremap_patch.backports.spec_v2_tree import TREE_ENV, tree_spec_v2_wanted
 
     if tree_spec_v2_wanted():
-        return (f"spec v2 where covered (page size 1, Triton/FlashInfer/FA3, Llama/Qwen2/Qwen3 "
-                f"targets; elsewhere spec v1); {TREE_ENV}=0 keeps every tree on spec v1")
+        return (f"spec v2 where covered (Triton/FlashInfer/FA3 with page size 1, FlashInfer/FA3 "
+                f"with larger pages; Llama/Qwen2/Qwen3 targets; elsewhere spec v1); "
+                f"{TREE_ENV}=0 keeps every tree on spec v1")
     return f"spec v1, as in stock SGLang ({TREE_ENV}=0 is set)"
 
 

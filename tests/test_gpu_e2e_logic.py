@@ -964,7 +964,7 @@ def _tree(kw: dict[str, Any]) -> tuple[Any, ...]:
 def test_the_tree_v2_group_selects_exactly_the_new_cases() -> None:
     cases = e2e.select_cases(None, groups=["tree-v2"])
     assert [c.name for c in cases] == [c.name for c in e2e.tree_v2_cases()]
-    assert len(cases) == 12
+    assert len(cases) == 17
     assert [c.name for c in cases] == [c.name for c in e2e.all_cases() if c.name.startswith("treev2-")]
     assert all(c.tree_v2 and not c.spec_v1 and c.logprob_tol == e2e.TREE_V2_LOGPROB_TOL for c in cases)
     assert not any(c.tree_v2 for c in e2e.all_cases() if not c.name.startswith("treev2"))
@@ -979,17 +979,21 @@ def test_the_tree_v2_group_selects_exactly_the_new_cases() -> None:
     assert 'python3 scripts/gpu_e2e.py --models "$MODELS" --out "$OUT" "$@"' in sh and "--group tree-v2" in sh
 
 
-def test_tree_v2_list_prints_the_twelve_cases(capsys: pytest.CaptureFixture[str]) -> None:
+def test_tree_v2_list_prints_the_seventeen_cases(capsys: pytest.CaptureFixture[str]) -> None:
     assert e2e.main(["--group", "tree-v2", "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 12 and all(ln.startswith("treev2-") for ln in lines)
+    assert len(lines) == 17 and all(ln.startswith("treev2-") for ln in lines)
 
 
 def test_tree_v2_cases_launch_the_intended_trees(tmp_path: Path) -> None:
     cases = {c.name: c for c in e2e.tree_v2_cases()}
     for name, case in cases.items():
         patched, stock = e2e.engine_kwargs(case, tmp_path), e2e.engine_kwargs(case, tmp_path, stock=True)
-        assert "page_size" not in patched and "page_size" not in stock  # SGLang's default: 1
+        if "-page16-" in name:  # FlashInfer / FA3 only: the backends of a tree in pages
+            assert patched["page_size"] == stock["page_size"] == 16
+            assert case.backend in ("flashinfer", "fa3") and patched["attention_backend"] == case.backend
+        else:
+            assert "page_size" not in patched and "page_size" not in stock  # SGLang's default: 1
         assert patched["disable_cuda_graph"] is stock["disable_cuda_graph"] is (not case.cuda_graph)
         assert patched["speculative_algorithm"] == case.algorithm
         if name == "treev2-auto-eagle3-default":
@@ -1004,7 +1008,12 @@ def test_tree_v2_cases_launch_the_intended_trees(tmp_path: Path) -> None:
         assert patched["disable_piecewise_cuda_graph"] is (not case.pcg)
         assert _tree(patched) in ((3, 4, 16), (5, 4, 8)) and "x".join(map(str, _tree(patched))) in name
         assert case.needs_fa3 is (case.backend == "fa3")
-    explicit = [c for c in cases.values() if not c.stock_extra]
+    paged = [c for c in cases.values() if "-page16-" in c.name]
+    assert {(c.backend, _tree(dict(c.extra)), c.cuda_graph, c.profile) for c in paged} == {
+        ("flashinfer", (3, 4, 16), True, "tree"), ("flashinfer", (5, 4, 8), False, "tree"),
+        ("fa3", (5, 4, 8), True, "tree"), ("fa3", (3, 4, 16), False, "tree"),
+        ("fa3", (3, 4, 16), True, "tree-eos")}
+    explicit = [c for c in cases.values() if not c.stock_extra and c not in paged]
     standalone = {(c.backend, _tree(dict(c.extra)), c.cuda_graph, c.pcg) for c in explicit
                   if c.algorithm == "STANDALONE" and c.profile == "tree"}
     assert {(b, t) for b, t, g, _ in standalone if g} == {(b, t) for b in ("flashinfer", "fa3", "triton")
@@ -1027,7 +1036,7 @@ def test_tree_v2_cases_launch_the_intended_trees(tmp_path: Path) -> None:
     assert [sc["name"] for sc in tree] == [sc["name"] for sc in matrix]
     assert all(sc.get("input_ids") == m.get("input_ids") for sc, m in zip(tree, matrix))
     assert all(sc["return_logprob"] and sc["top_logprobs_num"] >= 2 for sc in tree)
-    assert sum(c.profile == "tree" for c in cases.values()) == 10
+    assert sum(c.profile == "tree" for c in cases.values()) == 14  # 10 at page size 1, 4 at page size 16
     assert all(c.upstream for c in cases.values()) and all(c.upstream for c in e2e.tree_v2_det_cases())
 
 

@@ -78,8 +78,8 @@ def test_trees_stay_on_spec_v1_where_not_covered_or_asked(patched, models, caplo
     expected_v1 = True
     if case == "keep-v1-env":  # the documented way back to spec v1
         monkeypatch.setenv("SGLANG_FUTUREMAP_TREE_SPEC_V2", "0")
-    elif case == "page16":
-        extra["page_size"] = 16
+    elif case == "page16":  # a tree in pages needs FlashInfer/FA3 throughout (back-port 12)
+        extra.update(page_size=16, decode_attention_backend="triton")
     elif case == "overlap-off":
         extra["disable_overlap_schedule"] = True
     elif case == "spec-v2-off":

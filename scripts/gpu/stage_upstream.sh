@@ -17,6 +17,24 @@
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
+# In two halves, when the working tree plus the 48 MB bundle exceed one call's 64 MiB:
+#   split -n 2 -d .gpu-0513/site312.tar.xz p && mkdir -p .gpu-0513-p1 .gpu-0513-p2 &&
+#   mv p00 .gpu-0513-p1/part && mv p01 .gpu-0513-p2/part && cp .gpu-0513/activate.sh .gpu-0513-p2/
+# then carry [".gpu-0513-p1"] and carry [".gpu-0513-p2"], each with this script: the first half
+# waits in /tmp, the second joins it and goes on as with the whole bundle.
+PARTS=/tmp/upstream-bundle-parts
+if [ -f .gpu-0513-p1/part ]; then
+    mkdir -p "$PARTS" && cp .gpu-0513-p1/part "$PARTS/a" && echo "stage_upstream.sh: first half staged"
+    exit 0
+fi
+if [ -f .gpu-0513-p2/part ]; then
+    if [ ! -f "$PARTS/a" ]; then
+        echo "stage_upstream.sh: stage .gpu-0513-p1 first (a fresh machine has lost it)"
+        exit 2
+    fi
+    cat "$PARTS/a" .gpu-0513-p2/part > "$PARTS/site312.tar.xz" && cp .gpu-0513-p2/activate.sh "$PARTS/"
+    UPSTREAM_BUNDLE="$PARTS"
+fi
 BUNDLE="${UPSTREAM_BUNDLE:-.gpu-0513}"
 if [ ! -f "$BUNDLE/activate.sh" ]; then
     echo "stage_upstream.sh: $BUNDLE/activate.sh is missing: send $BUNDLE along (carry [\"$BUNDLE\"])"

@@ -20,6 +20,7 @@ SERIES: tuple[str, ...] = (
     "auto_tree_spec_v1",
     "tree_draft_extend_width",
     "spec_v2_tree",
+    "paged_tree_spec_v2",
 )
 
 

@@ -115,7 +115,10 @@ def _handle_speculative_decoding(self, *, _stock_handle_speculative_decoding=Non
     if self.speculative_algorithm not in _EAGLE_FAMILY or (self.speculative_eagle_topk or 1) <= 1:
         return
     tree = (self.speculative_num_steps, self.speculative_eagle_topk, self.speculative_num_draft_tokens)
-    why_v1 = spec_v2_tree_unsupported(self)
+    # SGLang's copy (server_args.py), as later back-ports leave it.
+    from sglang.srt import server_args as _server_args
+
+    why_v1 = _server_args.spec_v2_tree_unsupported(self)
     if why_v1 is None:
         # Stock turned the overlap scheduler off for an explicit tree alone; not when the
         # user did, or asked for spec v1 with SGLANG_ENABLE_SPEC_V2=0.
