@@ -105,6 +105,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fnmatch
+import hashlib
 import json
 import os
 import random
@@ -764,12 +765,52 @@ def eos_churn_requests(sc: dict[str, Any], search: dict[str, Any]) -> tuple[list
     return ([search["prompts"][i] for i, _, _ in reqs], [p for _, p, _ in reqs], [st for _, _, st in reqs])
 
 
+def request_key(prompt: Sequence[int], params: dict[str, Any]) -> str:
+    """A request's identity (its prompt and sampling parameters), the same in every run."""
+    text = json.dumps([list(prompt), params], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _eos_churn(engine: Any, sc: dict[str, Any], search: dict[str, Any]) -> dict[str, Any]:
     prompts, params, stops = eos_churn_requests(sc, search)
     outs = engine.generate(input_ids=prompts, sampling_params=params, **_logprob_kw(sc))
     recs = [_record(o) for o in outs]
     eos_ids = search["scenario"]["eos_ids"]
-    return {"outputs": recs, "stops": stops, "finish_counts": finish_counts(recs, eos_ids)}
+    return {"outputs": recs, "stops": stops, "finish_counts": finish_counts(recs, eos_ids),
+            "keys": [request_key(x, p) for x, p in zip(prompts, params)]}
+
+
+def align_adaptive(sc: dict[str, Any], a: dict[str, Any] | None, b: dict[str, Any] | None
+                   ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str]:
+    """For a tree (where two runs may part at near-ties): the requests both runs of an adaptive
+    scenario sent. ``eos_search`` stops after as many rounds as its own outputs need, so the
+    runs share their first rounds; ``eos_churn`` picks its requests from its own search, so the
+    runs share the requests with the same key (prompt and sampling parameters), compared in
+    the first run's order. Returns the two entries cut to those requests, and a note (empty
+    when nothing was cut). Other scenarios, and errors, pass through."""
+    if not a or not b or "error" in a or "error" in b or sc["kind"] not in ("eos_search", "eos_churn"):
+        return a, b, ""
+    na, nb = len(a["outputs"]), len(b["outputs"])
+    if sc["kind"] == "eos_search":
+        n = min(na, nb)
+        if na == nb:
+            return a, b, ""
+        return ({**a, "outputs": a["outputs"][:n]}, {**b, "outputs": b["outputs"][:n]},
+                f"{sc['name']}: the first {n} requests compared (the rounds both runs sent; {na} / {nb} sent)")
+    if "keys" not in a or "keys" not in b or a["keys"] == b["keys"]:
+        return a, b, ""
+    where = {k: i for i, k in enumerate(b["keys"])}
+    pairs = [(i, where[k]) for i, k in enumerate(a["keys"]) if k in where]
+
+    def cut(entry: dict[str, Any], idx: list[int]) -> dict[str, Any]:
+        out = {**entry, "outputs": [entry["outputs"][i] for i in idx], "keys": [entry["keys"][i] for i in idx]}
+        if entry.get("stops") is not None:
+            out["stops"] = [entry["stops"][i] for i in idx]
+        return out
+
+    return (cut(a, [i for i, _ in pairs]), cut(b, [j for _, j in pairs]),
+            f"{sc['name']}: {len(pairs)} requests sent by both runs compared ({na} / {nb} sent; the "
+            f"others were picked from outputs that part at a near-tie)")
 
 
 def _settle(spec: dict[str, Any]) -> None:
@@ -1208,6 +1249,10 @@ def output_checks(sc_list: Sequence[dict[str, Any]], a: dict[str, Any], b: dict[
     ties: list[Check] = []
     for sc in sc_list:
         x, y = a.get(sc["name"]), b.get(sc["name"])
+        if near_ties:  # trees: an adaptive scenario's runs may pick other requests
+            x, y, cut = align_adaptive(sc, x, y)
+            if cut:
+                checks.append(Check(label + f"{sc['name']}: requests compared", bool(x["outputs"]), cut))
         checks += [Check(label + c.name, c.ok, c.detail) for c in compare_scenario(sc, x, y, logprob_tol)
                    if not mismatch_only or c.name.endswith(MISMATCH_CHECKS)]
         if near_ties:

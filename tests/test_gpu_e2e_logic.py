@@ -1396,3 +1396,40 @@ def test_judge_outputs_rejudges_saved_tree_outputs(tmp_path: Path, monkeypatch: 
     assert not ok and "FAILED" in report
     ok, report = e2e.judge_outputs([tmp_path / "early.json.gz", tmp_path / "late.json.gz"])
     assert ok and report.count(name) == 1 and "late.json.gz" in report and "JUDGED PASSED" in report
+
+
+def test_tree_runs_compare_the_requests_both_sent_in_adaptive_scenarios() -> None:
+    """eos_search / eos_churn pick their requests from their own outputs: where two tree runs
+    part at a near-tie they send other requests, and only the shared ones are compared."""
+    search = {"name": "eos_search", "kind": "eos_search", "eos_ids": [2], "top_logprobs_num": 5,
+              "rounds": [[[1]] * 2] * 2}
+    churn = {"name": "eos_churn", "kind": "eos_churn", "top_logprobs_num": 5}
+    outs = {i: _rec([10 + i, 20 + i, 30 + i]) for i in range(6)}
+    outs[5]["finish"] = "stop"  # k5 ends on its stop token (8) in both runs
+    a = {"eos_search": {"outputs": [outs[0], outs[1], outs[2], outs[3]], "found": [1]},
+         "eos_churn": {"outputs": [outs[1], outs[4], outs[5]], "stops": [None, 7, 8],
+                       "keys": ["k1", "k4", "k5"]}}
+    b = {"eos_search": {"outputs": [outs[0], outs[1]], "found": [1]},
+         "eos_churn": {"outputs": [outs[5], outs[2], outs[1]], "stops": [8, 9, None],
+                       "keys": ["k5", "k2", "k1"]}}
+    checks = e2e.output_checks([search, churn], a, b, e2e.TREE_V2_LOGPROB_TOL, near_ties=True)
+    by_name = {c.name: c for c in checks}
+    assert all(c.ok for c in checks), [c for c in checks if not c.ok]
+    assert "2 requests sent by both runs" in by_name["eos_churn: requests compared"].detail
+    assert "first 2 requests" in by_name["eos_search: requests compared"].detail
+    assert by_name["eos_churn: outputs identical"].detail.startswith("2/2")
+    # A real difference among the shared requests still fails.
+    b["eos_churn"]["outputs"][2] = _rec([11, 99, 31])
+    failed = [c for c in e2e.output_checks([search, churn], a, b, e2e.TREE_V2_LOGPROB_TOL, near_ties=True)
+              if not c.ok]
+    assert failed and all(c.name.startswith("eos_churn") for c in failed)
+    # Chains (no tolerance, no near-tie judging) are compared request for request, as before.
+    plain = e2e.output_checks([search, churn], a, b, 0.0, near_ties=False)
+    assert not next(c for c in plain if c.name == "eos_search: ran").ok
+
+
+def test_request_key_is_the_prompt_and_its_parameters() -> None:
+    k = e2e.request_key([1, 2, 3], {"max_new_tokens": 8, "stop_token_ids": [7]})
+    assert k == e2e.request_key([1, 2, 3], {"stop_token_ids": [7], "max_new_tokens": 8})
+    assert k != e2e.request_key([1, 2, 3], {"max_new_tokens": 8, "stop_token_ids": [9]})
+    assert k != e2e.request_key([1, 2, 4], {"max_new_tokens": 8, "stop_token_ids": [7]})
