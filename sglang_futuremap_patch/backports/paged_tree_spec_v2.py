@@ -68,8 +68,14 @@ def assign_paged_tree_draft_cache_locs(
     a branch's first page.
     """
     device = req_to_token.device
-    rows = req_to_token[req_pool_indices.long()].to(torch.int64)
-    bs = rows.shape[0]
+    pool = req_pool_indices.long()[:, None]
+    bs = pool.shape[0]
+
+    def slots(pos: torch.Tensor) -> torch.Tensor:
+        """The slots of the requests' positions ``pos`` ``[bs, n]``, as int64 (only those
+        entries of their rows are read)."""
+        return req_to_token[pool, pos].to(torch.int64)
+
     seq = seq_lens.to(device=device, dtype=torch.int64)
     tail = seq % page_size
     base = seq - tail
@@ -79,15 +85,15 @@ def assign_paged_tree_draft_cache_locs(
 
     step = torch.arange(num_steps, device=device, dtype=torch.int64)
     draft_pos = starts[:, :, None] + tail[:, None, None] + step[None, None, :]
-    out_cache_loc = rows.gather(1, draft_pos.reshape(bs, -1)).reshape(-1)
+    out_cache_loc = slots(draft_pos.reshape(bs, -1)).reshape(-1)
 
     if topk > 1:
         offset = torch.arange(page_size, device=device, dtype=torch.int64)
         hole_pos = starts[:, 1:, None] + offset[None, None, :]  # [bs, topk - 1, page]
         src_pos = (base[:, None, None] + offset[None, None, :]).expand_as(hole_pos)
         in_tail = (offset[None, None, :] < tail[:, None, None]).expand_as(hole_pos)
-        tgt = rows.gather(1, hole_pos.reshape(bs, -1))
-        src = rows.gather(1, src_pos.reshape(bs, -1))
+        tgt = slots(hole_pos.reshape(bs, -1))
+        src = slots(src_pos.reshape(bs, -1))
         # Past the partial page a slot copies onto itself: a fixed-size copy, no host sync.
         src = torch.where(in_tail.reshape(bs, -1), src, tgt)
         draft_kv_pool.move_kv_cache(tgt.reshape(-1), src.reshape(-1))
@@ -196,18 +202,18 @@ _ROUTING_EDITS = (
     if (server_args.page_size or 1) != 1:
         return f"page size {server_args.page_size} (spec v2 trees need page size 1 here)"
 """,
+        new="",
+    ),
+    TextEdit(
+        old="""\
+        return f"attention backend {sorted(backends) or None} (spec v2 trees: triton, flashinfer, fa3)"
+""",
         new="""\
-    paged_backends = {
-        server_args.attention_backend,
-        server_args.prefill_attention_backend,
-        server_args.decode_attention_backend,
-    } - {None}
-    if (server_args.page_size or 1) != 1 and not (
-        paged_backends and paged_backends <= {"flashinfer", "fa3"}
-    ):
+        return f"attention backend {sorted(backends) or None} (spec v2 trees: triton, flashinfer, fa3)"
+    if (server_args.page_size or 1) != 1 and not backends <= {"flashinfer", "fa3"}:
         return (
-            f"page size {server_args.page_size} with attention backend "
-            f"{sorted(paged_backends) or None} (spec v2 trees in pages: flashinfer, fa3)"
+            f"page size {server_args.page_size} with attention backend {sorted(backends)} "
+            f"(spec v2 trees in pages: flashinfer, fa3)"
         )
 """,
     ),
