@@ -1169,9 +1169,16 @@ def first_difference(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     own choice it rates the other side's token (``_margin``); both within ``NEAR_TIE_NATS``."""
     k = _first_diff(a["output_ids"], b["output_ids"])
     info: dict[str, Any] = {"position": k}
-    if k is None or k >= min(len(a["output_ids"]), len(b["output_ids"])):
-        info["near_tie"] = False
-        info["why"] = "one output is a prefix of the other" if k is not None else "no token differs"
+    if k is None:
+        info.update(near_tie=False, why="no token differs")
+        return info
+    if k >= min(len(a["output_ids"]), len(b["output_ids"])):
+        # One side stopped where the other went on: no token to weigh, say how each side ended.
+        info.update(near_tie=False, why="one output is a prefix of the other",
+                    lengths=[len(a["output_ids"]), len(b["output_ids"])],
+                    finish=[[r.get("finish"), r.get("matched")] for r in (a, b)],
+                    last=[r["output_ids"][k - 1] if k else None for r in (a, b)],
+                    next=[r["output_ids"][k] if k < len(r["output_ids"]) else None for r in (a, b)])
         return info
     ta, tb = a["output_ids"][k], b["output_ids"][k]
     ma, mb = _margin(a, k, tb), _margin(b, k, ta)
@@ -1520,6 +1527,7 @@ def upstream_checks(sc_list: Sequence[dict[str, Any]], stock: dict[str, Any], up
         u, s = ures.get(sc["name"]), sres.get(sc["name"])
         if not u or not s or "error" in u or "error" in s:
             continue
+        s, u, _ = align_adaptive(sc, s, u)
         differ = [i for i, (x, y) in enumerate(zip(s["outputs"], u["outputs"]))
                   if x and y and x["output_ids"] != y["output_ids"]]
         tie = near_tie_checks(sc, s, u)

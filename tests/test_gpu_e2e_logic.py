@@ -1270,7 +1270,12 @@ def test_first_difference_is_a_near_tie_only_when_each_side_rates_the_other_toke
     assert d["margins"][1] is None and not d["near_tie"]
     # no logprobs, or one output a prefix of the other: unexplained
     assert not e2e.first_difference(_rec([7, 11]), _rec([7, 21]))["near_tie"]
-    assert not e2e.first_difference(stock, _lp_rec([7, 11], common + stock["top_logprobs"][1:2]))["near_tie"]
+    short = _lp_rec([7, 11], common + stock["top_logprobs"][1:2])
+    d = e2e.first_difference(stock, {**short, "finish": "stop", "matched": 11})
+    assert not d["near_tie"] and d["why"] == "one output is a prefix of the other"
+    # the prefix case says how each side ended, so a missed stop is told from a budget
+    assert d["lengths"] == [3, 2] and d["finish"][1] == ["stop", 11] and d["last"] == [11, 11]
+    assert d["next"] == [stock["output_ids"][2], None]
 
 
 def test_near_tie_checks_mark_explained_differences_and_keep_real_ones_failing() -> None:
@@ -1433,3 +1438,28 @@ def test_request_key_is_the_prompt_and_its_parameters() -> None:
     assert k == e2e.request_key([1, 2, 3], {"stop_token_ids": [7], "max_new_tokens": 8})
     assert k != e2e.request_key([1, 2, 3], {"max_new_tokens": 8, "stop_token_ids": [9]})
     assert k != e2e.request_key([1, 2, 4], {"max_new_tokens": 8, "stop_token_ids": [7]})
+
+
+def test_align_adaptive_pairs_the_churn_requests_both_runs_sent() -> None:
+    sc = {"name": "eos_churn", "kind": "eos_churn"}
+    a = {"outputs": [_rec([1]), _rec([2]), _rec([3])], "keys": ["x", "y", "z"], "stops": [None, 5, None]}
+    b = {"outputs": [_rec([3]), _rec([9]), _rec([1])], "keys": ["z", "w", "x"], "stops": [None, None, None]}
+    x, y, note = e2e.align_adaptive(sc, a, b)
+    assert [r["output_ids"] for r in x["outputs"]] == [[1], [3]] == [r["output_ids"] for r in y["outputs"]]
+    assert x["stops"] == [None, None] and "2 requests sent by both runs compared (3 / 3 sent" in note
+    # same requests in the same order: nothing cut
+    assert e2e.align_adaptive(sc, a, a) == (a, a, "")
+
+
+def test_upstream_notes_compare_the_churn_requests_both_runs_sent() -> None:
+    """0.5.13 against stock spec v1 in an adaptive scenario: the note compares requests by key,
+    as the checks do (it compared them by position, so every request looked different)."""
+    sc = {"name": "eos_churn", "kind": "eos_churn", "top_logprobs_num": 2}
+    tops = [[(-0.1, 1), (-3.0, 2)]]
+    r1, r3 = _lp_rec([1], tops), _lp_rec([3], [[(-0.1, 3), (-3.0, 2)]])
+    stock = {"result": {"scenarios": {"eos_churn": {"outputs": [r1, r3], "keys": ["x", "z"]}}}}
+    upstream = {"returncode": 0, "result": {"scenarios": {"eos_churn": {"outputs": [r3, r1], "keys": ["z", "x"]}}}}
+    patched = {"result": {"scenarios": {"eos_churn": {"outputs": [r1, r3], "keys": ["x", "z"]}}}}
+    checks, notes = e2e.upstream_checks([sc], stock, upstream, patched, e2e.TREE_V2_LOGPROB_TOL)
+    assert all(c.ok for c in checks), checks
+    assert notes == ["0.5.13 (spec v2) vs stock spec v1, eos_churn: 2/2 identical"]
