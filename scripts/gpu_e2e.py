@@ -1163,10 +1163,29 @@ def _margin(rec: dict[str, Any], k: int, other: int) -> float | None:
     return max(by_id.values()) - by_id[other] if other in by_id else None
 
 
-def first_difference(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def budget_hides_stop(a: dict[str, Any], b: dict[str, Any], k: int, max_accept: int | None) -> bool:
+    """Whether two outputs that agree on their first ``k`` tokens, one of them ending there on
+    its stop token (EOS or a stop id), part only because SGLang checks ``max_new_tokens``
+    before stop tokens in a multi-token accept (``Req.check_finished``): the other output holds
+    the same stop token at the same position, ends by length, and its tokens from that stop
+    token on fit in one accept step (at most ``max_accept`` = steps + 1). The two runs' accept
+    steps then split differently there: one run's step ends before the budget and stops on
+    the token, the other's reaches the budget and ignores it (stock spec v1 or v2 alike)."""
+    short, long_ = (a, b) if len(a["output_ids"]) < len(b["output_ids"]) else (b, a)
+    ids = long_["output_ids"]
+    if not max_accept or k < 1 or len(short["output_ids"]) != k or k > len(ids):
+        return False
+    stop = short["output_ids"][-1]
+    return (short.get("finish") == "stop" and short.get("matched") == stop and ids[k - 1] == stop
+            and long_.get("finish") == "length" and len(ids) - (k - 1) <= max_accept)
+
+
+def first_difference(a: dict[str, Any], b: dict[str, Any], max_accept: int | None = None) -> dict[str, Any]:
     """Where two greedy outputs of one prompt part, and whether it is a near-tie: the first
     differing position, each side's token there, and each side's margin, how far below its
-    own choice it rates the other side's token (``_margin``); both within ``NEAR_TIE_NATS``."""
+    own choice it rates the other side's token (``_margin``); both within ``NEAR_TIE_NATS``.
+    Where one output ends and the other goes on, ``explained`` says whether SGLang's length
+    check hid the same stop token on the longer side (``budget_hides_stop``)."""
     k = _first_diff(a["output_ids"], b["output_ids"])
     info: dict[str, Any] = {"position": k}
     if k is None:
@@ -1179,6 +1198,9 @@ def first_difference(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                     finish=[[r.get("finish"), r.get("matched")] for r in (a, b)],
                     last=[r["output_ids"][k - 1] if k else None for r in (a, b)],
                     next=[r["output_ids"][k] if k < len(r["output_ids"]) else None for r in (a, b)])
+        if budget_hides_stop(a, b, k, max_accept):
+            info["explained"] = ("the same stop token on both sides; the longer side's accept step "
+                                 "reached max_new_tokens, which SGLang checks first")
         return info
     ta, tb = a["output_ids"][k], b["output_ids"][k]
     ma, mb = _margin(a, k, tb), _margin(b, k, ta)
@@ -1207,7 +1229,7 @@ def logprob_noise(so: Sequence[dict[str, Any]], po: Sequence[dict[str, Any]]) ->
 
 
 def near_tie_checks(sc: dict[str, Any], a: dict[str, Any] | None, b: dict[str, Any] | None,
-                    label: str = "") -> list[Check]:
+                    label: str = "", max_accept: int | None = None) -> list[Check]:
     """Every request of a scenario whose output differs between two runs (``a``, ``b``: their
     ``scenarios[name]`` entries, with top logprobs) parts at a near-tie (``first_difference``)."""
     name = f"{label}{sc['name']}"
@@ -1217,16 +1239,19 @@ def near_tie_checks(sc: dict[str, Any], a: dict[str, Any] | None, b: dict[str, A
     # whose stop tokens differ (taken after an earlier difference, judged there) is not compared.
     sa, sb = a.get("stops"), b.get("stops")
     other_stop = {i for i, (x, y) in enumerate(zip(sa, sb)) if x != y} if sa and sb else set()
-    diffs = [(i, first_difference(x, y)) for i, (x, y) in enumerate(zip(a["outputs"], b["outputs"]))
+    diffs = [(i, first_difference(x, y, max_accept)) for i, (x, y) in enumerate(zip(a["outputs"], b["outputs"]))
              if x and y and not x.get("abort_requested") and not y.get("abort_requested")
              and x["output_ids"] != y["output_ids"] and i not in other_stop]
     noise = logprob_noise(a["outputs"], b["outputs"])
-    bad = [(i, d) for i, d in diffs if not d["near_tie"]]
+    bad = [(i, d) for i, d in diffs if not d["near_tie"] and not d.get("explained")]
+    cut = sum(1 for _, d in diffs if d.get("explained"))
     margins = [m for _, d in diffs for m in (d.get("margins") or []) if m is not None]
     detail = (f"{len(diffs)} differing requests, {len(bad)} not near-ties; largest margin at a first "
               f"difference {max(margins) if margins else None}; logprob noise where the outputs agree "
               f"{None if noise is None else round(noise, 5)}"
-              + (f"; {len(other_stop)} requests with other stop tokens not compared" if other_stop else ""))
+              + (f"; {len(other_stop)} requests with other stop tokens not compared" if other_stop else "")
+              + (f"; {cut} requests part where SGLang's length check hid the same stop token on one side "
+                 f"(budget_hides_stop)" if cut else ""))
     if bad:
         detail += "; e.g. " + "; ".join(f"request {i}: {d}" for i, d in bad[:3])
     return [Check(f"{name}: every difference a near-tie (margin <= {NEAR_TIE_NATS:g} on both sides)",
@@ -1247,7 +1272,8 @@ def explain_by_near_ties(checks: list[Check], tie_checks: Sequence[Check], label
 
 
 def output_checks(sc_list: Sequence[dict[str, Any]], a: dict[str, Any], b: dict[str, Any], logprob_tol: float,
-                  *, near_ties: bool, label: str = "", mismatch_only: bool = False) -> list[Check]:
+                  *, near_ties: bool, label: str = "", mismatch_only: bool = False,
+                  max_accept: int | None = None) -> list[Check]:
     """Two runs' outputs (``a``, ``b``: their ``scenarios`` dicts), scenario by scenario
     (``compare_scenario``; ``mismatch_only``: its output and logprob comparisons alone), each
     check named with ``label`` in front; ``near_ties`` (trees): then each scenario's near-tie
@@ -1263,7 +1289,7 @@ def output_checks(sc_list: Sequence[dict[str, Any]], a: dict[str, Any], b: dict[
         checks += [Check(label + c.name, c.ok, c.detail) for c in compare_scenario(sc, x, y, logprob_tol)
                    if not mismatch_only or c.name.endswith(MISMATCH_CHECKS)]
         if near_ties:
-            ties += near_tie_checks(sc, x, y, label)
+            ties += near_tie_checks(sc, x, y, label, max_accept)
     return explain_by_near_ties(checks, ties, label) + ties
 
 
@@ -1371,6 +1397,13 @@ SPEC_V1_KEYS = ("attention_backend", "decode_attention_backend", "prefill_attent
                 "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
 
 
+def case_max_accept(case: "Case") -> int:
+    """The most tokens one accept step of ``case`` commits per request: its spec steps + 1
+    (the case's own ``speculative_num_steps``, else SGLang's auto tree's)."""
+    steps = dict(case.extra).get("speculative_num_steps") or dict(AUTO_TREE)["speculative_num_steps"]
+    return int(steps) + 1
+
+
 def spec_v1_checks(stock: dict[str, Any], patched: dict[str, Any]) -> list[Check]:
     """A tree case: the patched auto launch resolved to exactly the stock oracle's explicit
     tree on spec v1, and said so in one line of the main process."""
@@ -1457,7 +1490,8 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
                             f"returncode {run.get('returncode')}, {run.get('wall_s', 0):.0f} s"))
     sres = (stock.get("result") or {}).get("scenarios", {})
     pres = (patched.get("result") or {}).get("scenarios", {})
-    checks += output_checks(sc_list, sres, pres, case.logprob_tol, near_ties=case.tree_v2)
+    checks += output_checks(sc_list, sres, pres, case.logprob_tol, near_ties=case.tree_v2,
+                            max_accept=case_max_accept(case))
     slog: smoke.LogFindings = stock["log"]
     plog: smoke.LogFindings = patched["log"]
     sprobe: smoke.ProbeSummary = stock["probe"]
@@ -1510,7 +1544,8 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
 
 
 def upstream_checks(sc_list: Sequence[dict[str, Any]], stock: dict[str, Any], upstream: dict[str, Any],
-                    patched: dict[str, Any], logprob_tol: float) -> tuple[list[Check], list[str]]:
+                    patched: dict[str, Any], logprob_tol: float, max_accept: int | None = None
+                    ) -> tuple[list[Check], list[str]]:
     """The patched run against stock SGLang 0.5.13 (which runs the tree on spec v2 itself):
     checks, every output identical or parted at a near-tie; and notes: how 0.5.13 compares with
     stock 0.5.12.post1's spec v1, the oracle."""
@@ -1521,7 +1556,8 @@ def upstream_checks(sc_list: Sequence[dict[str, Any]], stock: dict[str, Any], up
     checks = [Check("0.5.13 run finished", upstream.get("returncode") == 0 and bool(ures),
                     f"returncode {upstream.get('returncode')}, SGLang "
                     f"{(upstream.get('result') or {}).get('sglang_version')}")]
-    checks += output_checks(sc_list, ures, pres, logprob_tol, near_ties=True, label=label, mismatch_only=True)
+    checks += output_checks(sc_list, ures, pres, logprob_tol, near_ties=True, label=label, mismatch_only=True,
+                            max_accept=max_accept)
     notes = []
     for sc in sc_list:
         u, s = ures.get(sc["name"]), sres.get(sc["name"])
@@ -1530,7 +1566,7 @@ def upstream_checks(sc_list: Sequence[dict[str, Any]], stock: dict[str, Any], up
         s, u, _ = align_adaptive(sc, s, u)
         differ = [i for i, (x, y) in enumerate(zip(s["outputs"], u["outputs"]))
                   if x and y and x["output_ids"] != y["output_ids"]]
-        tie = near_tie_checks(sc, s, u)
+        tie = near_tie_checks(sc, s, u, max_accept=max_accept)
         notes.append(f"0.5.13 (spec v2) vs stock spec v1, {sc['name']}: {len(s['outputs']) - len(differ)}/"
                      f"{len(s['outputs'])} identical" + (f"; {tie[0].detail}" if tie and differ else ""))
     return checks, notes
@@ -1694,7 +1730,7 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
                 checks = evaluate_case(c, workloads[c.profile], runs["stock"], runs["patched"])
                 if "upstream" in runs:
                     more, notes = upstream_checks(workloads[c.profile], runs["stock"], runs["upstream"],
-                                                  runs["patched"], c.logprob_tol)
+                                                  runs["patched"], c.logprob_tol, case_max_accept(c))
                     checks += more
                 failing = [x.name for x in checks if not x.ok]
                 # Trees: a difference is judged by its margin (near_tie_checks), not by a rerun.
@@ -1903,11 +1939,41 @@ def environment(command: str, wall_s: float, fa3: bool | None = None) -> dict[st
     return info
 
 
+#: What ``--save-outputs`` keeps of a scenario's entry (prompts are rebuilt from the scenario).
+SAVED_KEYS = ("outputs", "stops", "found", "keys")
+
+
+def rebuild_adaptive(sc_list: Sequence[dict[str, Any]], runs: dict[str, dict[str, Any]]) -> None:
+    """Fill in, in place, what a saved file of an older harness lacks for the adaptive EOS
+    scenarios: ``eos_search``'s prompts (its rounds, as many as it sent) and ``found`` (outputs
+    holding EOS before their last token, as ``_eos_search`` counts them), then ``eos_churn``'s
+    request keys (``eos_churn_requests`` from that search, as the run built them)."""
+    by_name = {sc["name"]: sc for sc in sc_list}
+    for r in runs.values():
+        for name, entry in r.items():
+            sc = by_name.get(name)
+            if not sc or not entry or "error" in entry:
+                continue
+            if sc["kind"] == "eos_search" and "prompts" not in entry:
+                sent = [p for rnd in sc["rounds"] for p in rnd][: len(entry["outputs"])]
+                entry["prompts"] = sent
+                if "found" not in entry:
+                    eos = set(sc["eos_ids"])
+                    entry["found"] = [i for i, o in enumerate(entry["outputs"]) if eos & set(o["output_ids"][:-1])]
+        for name, entry in r.items():
+            sc = by_name.get(name)
+            src = r.get(sc.get("source", "")) if sc else None
+            if sc and sc["kind"] == "eos_churn" and entry and "keys" not in entry and src and "error" not in src:
+                prompts, params, _ = eos_churn_requests(sc, {**src, "scenario": by_name[sc["source"]]})
+                if len(prompts) == len(entry["outputs"]):
+                    entry["keys"] = [request_key(x, q) for x, q in zip(prompts, params)]
+
+
 def save_outputs(results: Sequence[CaseResult], path: Path) -> None:
     """Every run's outputs per scenario (ids, logprobs, finish), for a look after the run."""
     import gzip
 
-    doc = {r.case.name: {m: {name: {k: entry[k] for k in ("outputs", "stops") if k in entry} for name, entry in
+    doc = {r.case.name: {m: {name: {k: entry[k] for k in SAVED_KEYS if k in entry} for name, entry in
                              ((run.get("result") or {}).get("scenarios") or {}).items()}
                          for m, run in r.runs.items()} for r in results}
     with gzip.open(path, "wt") as fh:
@@ -1941,11 +2007,14 @@ def judge_outputs(paths: Sequence[Path], vocab: int = 4096) -> tuple[bool, str]:
                 if sc["kind"] == "stop_from" and entry and src and "stops" not in entry:
                     stops = [stop_token_choice(o["output_ids"], i) for i, o in enumerate(src["outputs"][: sc["count"]])]
                     entry["stops"] = [x for x in stops if x is not None]
-        checks = output_checks(sc_list, runs["stock"], runs["patched"], case.logprob_tol, near_ties=True)
+        rebuild_adaptive(sc_list, runs)
+        checks = output_checks(sc_list, runs["stock"], runs["patched"], case.logprob_tol, near_ties=True,
+                               max_accept=case_max_accept(case))
         notes: list[str] = []
         if "upstream" in runs:
             res = {m: {"returncode": 0, "result": {"scenarios": r}} for m, r in runs.items()}
-            more, notes = upstream_checks(sc_list, res["stock"], res["upstream"], res["patched"], case.logprob_tol)
+            more, notes = upstream_checks(sc_list, res["stock"], res["upstream"], res["patched"], case.logprob_tol,
+                                          max_accept=case_max_accept(case))
             checks += more
         ok = all(c.ok for c in checks)
         ok_all &= ok

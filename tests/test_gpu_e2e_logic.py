@@ -1463,3 +1463,70 @@ def test_upstream_notes_compare_the_churn_requests_both_runs_sent() -> None:
     checks, notes = e2e.upstream_checks([sc], stock, upstream, patched, e2e.TREE_V2_LOGPROB_TOL)
     assert all(c.ok for c in checks), checks
     assert notes == ["0.5.13 (spec v2) vs stock spec v1, eos_churn: 2/2 identical"]
+
+
+def test_sglang_checks_the_length_budget_before_stop_tokens_in_an_accept_step() -> None:
+    """The premise of ``budget_hides_stop``, on SGLang's own ``Req``: an EOS inside the accept
+    step that reaches ``max_new_tokens`` is ignored (the request ends by length with the tokens
+    after it); the same EOS in a step that ends before the budget stops the request."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    def run(steps: list[list[int]]) -> tuple[int, dict[str, Any]]:
+        sp = SamplingParams(max_new_tokens=12, ignore_eos=False)
+        sp.normalize(None)
+        req = Req("r", "", [1, 3, 4], sp, eos_token_ids={2}, vocab_size=4096)
+        for step in steps:
+            req.output_ids.extend(step)
+            req.check_finished(len(step))
+            if req.finished():
+                break
+        return len(req.output_ids_through_stop), req.finished_reason.to_json()
+
+    assert run([[5, 6, 7, 8], [5, 6, 7, 8], [2, 9, 10, 11]]) == (12, {"type": "length", "length": 12})
+    assert run([[5, 6, 7, 8], [5, 6, 7], [8, 2, 9]]) == (9, {"type": "stop", "matched": 2})
+
+
+def test_a_stop_hidden_by_the_length_budget_is_explained_only_in_that_shape() -> None:
+    sc = {"name": "eos_churn", "kind": "eos_churn", "top_logprobs_num": 2}
+    ids = [5, 6, 7, 8, 2]
+    stopped = _rec(ids, finish="stop", matched=2)
+    budget = _rec(ids + [9, 10, 11], finish="length")  # the step [2, 9, 10, 11] reached the budget
+    d = e2e.first_difference(stopped, budget, max_accept=4)
+    assert not d["near_tie"] and "max_new_tokens" in d["explained"]
+    ties = e2e.near_tie_checks(sc, {"outputs": [stopped]}, {"outputs": [budget]}, max_accept=4)
+    assert ties[0].ok and "1 requests part where SGLang's length check hid" in ties[0].detail
+    # a longer tail than one step holds, another token at the stop's position, the longer side
+    # not ending by length, or no step bound: a failure
+    for other, bound in ((_rec(ids + [9, 10, 11, 12], finish="length"), 4),
+                         (_rec([5, 6, 7, 8, 3, 9, 10], finish="length"), 4),
+                         (_rec(ids + [9, 10, 11], finish="stop", matched=11), 4),
+                         (budget, None)):
+        assert not e2e.first_difference(stopped, other, max_accept=bound).get("explained")
+        assert not e2e.near_tie_checks(sc, {"outputs": [stopped]}, {"outputs": [other]}, max_accept=bound)[0].ok
+    # either order
+    assert e2e.first_difference(budget, stopped, max_accept=4).get("explained")
+
+
+def test_case_max_accept_is_the_case_steps_plus_one() -> None:
+    cases = {c.name: c for c in e2e.all_cases()}
+    assert e2e.case_max_accept(cases["treev2-eos-page16-standalone-fa3-3x4x16"]) == 4
+    assert e2e.case_max_accept(cases["treev2-standalone-flashinfer-5x4x8-graph-nopcg"]) == 6
+    assert e2e.case_max_accept(cases["treev2-auto-eagle3-default"]) == 6
+
+
+def test_judge_rebuilds_the_adaptive_scenarios_of_an_older_saved_file() -> None:
+    """A file saved before keys and ``found`` were kept: the judge rebuilds them as the run
+    built them, so the churn requests are paired by key, not by position."""
+    search = {"name": "eos_search", "kind": "eos_search", "rounds": [[[11, 12], [13]], [[14, 15, 16], [17]]],
+              "max_new_tokens": 12, "want": 1, "eos_ids": [2]}
+    churn = {"name": "eos_churn", "kind": "eos_churn", "source": "eos_search", "stop_requests": 1,
+             "length_requests": 2, "seed": 3}
+    outs = [_rec([5, 2, 6]), _rec([7, 8, 9, 10]), _rec([3, 4, 3, 4]), _rec([6, 6, 6, 6])]
+    live = {"outputs": outs, "prompts": [[11, 12], [13], [14, 15, 16], [17]], "found": [0], "scenario": search}
+    prompts, params, _ = e2e.eos_churn_requests(churn, live)
+    keys = [e2e.request_key(x, q) for x, q in zip(prompts, params)]
+    run = {"eos_search": {"outputs": outs}, "eos_churn": {"outputs": [_rec([1])] * len(prompts)}}
+    e2e.rebuild_adaptive([search, churn], {"stock": run})
+    assert run["eos_search"]["found"] == [0] and run["eos_search"]["prompts"] == live["prompts"]
+    assert run["eos_churn"]["keys"] == keys and len(set(keys)) == len(keys) >= 3
