@@ -1860,6 +1860,10 @@ def format_summary(doc: dict[str, Any]) -> str:
                 for d in h["top_tottime_delta"][:8]:
                     lines.append(f"           {d['delta']:+8.1f} us  {d['func']} ({_fmt(d['stock'], 1)} -> "
                                  f"{_fmt(d['patched'], 1)}; calls {d['calls_stock']:.2f} -> {d['calls_patched']:.2f})")
+                    side = "callers_patched" if d["delta"] > 0 else "callers_stock"
+                    if d.get(side):
+                        lines.append(f"                       {side.split('_')[1]} callers: " + "; ".join(
+                            f"{c[0]} {_fmt(c[2], 1)} us" for c in d[side][:2]))
     lines += format_tree_vs_chain(tree_vs_chain(doc["cases"]))
     for t in doc.get("targets", []):
         met = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]

@@ -652,8 +652,16 @@ def test_host_profile_diff_and_per_iteration():
     rows = [{"func": "a.py:1(f)", "name": "f", "calls": 20, "tottime_s": 0.002, "cumtime_s": 0.004},
             {"func": "a.py:9(g)", "name": "g", "calls": 10, "tottime_s": 0.001, "cumtime_s": 0.001}]
     per = hp.per_iteration(rows, 10)
-    assert per["a.py:1(f)"] == {"calls": 2.0, "tottime_us": 200.0, "cumtime_us": 400.0}
+    assert per["a.py:1(f)"] == {"calls": 2.0, "tottime_us": 200.0, "cumtime_us": 400.0, "callers": []}
     assert hp.per_iteration(rows, 0) == {}
+    # callers: who spent the time in a function (pstats' fifth field), largest first, per iteration
+    stats = {("~", 0, "<method 'item' of 'torch._C.TensorBase' objects>"):
+             (3, 3, 0.03, 0.03, {("/x/site-packages/sglang/a.py", 5, "f"): (1, 1, 0.005, 0.005),
+                                 ("/x/site-packages/sglang/b.py", 7, "g"): (2, 2, 0.025, 0.025)})}
+    (row,) = hp.profile_rows(stats)
+    assert row["callers"] == [["sglang/b.py:7(g)", 2, 0.025], ["sglang/a.py:5(f)", 1, 0.005]]
+    item = hp.per_iteration([row], 10)["<method 'item' of 'torch._C.TensorBase' objects>"]
+    assert item["callers"][0] == ["sglang/b.py:7(g)", 0.2, pytest.approx(2500.0)]
     other = {"a.py:1(f)": {"calls": 2.0, "tottime_us": 210.0, "cumtime_us": 400.0},
              "b.py:5(h)": {"calls": 1.0, "tottime_us": 50.0, "cumtime_us": 50.0}}
     d = hp.diff_rows(per, other, top=2)

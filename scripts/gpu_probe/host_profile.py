@@ -68,12 +68,21 @@ def func_label(key: tuple[str, int, str]) -> str:
     return f"{short_path(filename)}:{line}({name})"
 
 
+#: Callers kept per function (by the time spent in it on their behalf): who blocks in ``.item()``.
+TOP_CALLERS = 4
+
+
 def profile_rows(stats: dict[tuple[str, int, str], tuple]) -> list[dict[str, Any]]:
-    """Rows ``{func, calls, tottime_s, cumtime_s}`` from ``pstats.Stats.stats``."""
+    """Rows ``{func, calls, tottime_s, cumtime_s, callers}`` from ``pstats.Stats.stats``;
+    ``callers``: the ``TOP_CALLERS`` callers with the most time spent in the function for
+    them, each ``[label, calls, tottime_s]``."""
     rows = []
     for key, value in stats.items():
         _cc, nc, tt, ct = value[:4]
-        rows.append({"func": func_label(key), "name": key[2], "calls": nc, "tottime_s": tt, "cumtime_s": ct})
+        callers = value[4] if len(value) > 4 and isinstance(value[4], dict) else {}
+        top = sorted(((func_label(k), v[1], v[2]) for k, v in callers.items()), key=lambda c: -c[2])[:TOP_CALLERS]
+        rows.append({"func": func_label(key), "name": key[2], "calls": nc, "tottime_s": tt, "cumtime_s": ct,
+                     "callers": [list(c) for c in top]})
     return rows
 
 
@@ -83,7 +92,8 @@ def per_iteration(rows: Iterable[dict[str, Any]], iterations: int) -> dict[str, 
         return {}
     return {
         r["func"]: {"calls": r["calls"] / iterations, "tottime_us": r["tottime_s"] * 1e6 / iterations,
-                    "cumtime_us": r["cumtime_s"] * 1e6 / iterations}
+                    "cumtime_us": r["cumtime_s"] * 1e6 / iterations,
+                    "callers": [[c[0], c[1] / iterations, c[2] * 1e6 / iterations] for c in r.get("callers") or []]}
         for r in rows
     }
 
@@ -97,7 +107,9 @@ def diff_rows(stock: dict[str, dict[str, float]], patched: dict[str, dict[str, f
         p = (patched.get(func) or {}).get(key, 0.0)
         out.append({"func": func, "stock": s, "patched": p, "delta": p - s,
                     "calls_stock": (stock.get(func) or {}).get("calls", 0.0),
-                    "calls_patched": (patched.get(func) or {}).get("calls", 0.0)})
+                    "calls_patched": (patched.get(func) or {}).get("calls", 0.0),
+                    "callers_stock": (stock.get(func) or {}).get("callers") or [],
+                    "callers_patched": (patched.get(func) or {}).get("callers") or []})
     out.sort(key=lambda r: abs(r["delta"]), reverse=True)
     return out[:top]
 
