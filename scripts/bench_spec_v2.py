@@ -12,7 +12,10 @@ choice for Llama) runs on spec v1 in stock SGLang 0.5.12.post1 ("Spec v1 is used
 eagle/eagle3/standalone speculative decoding because spec v2 currently only supports topk = 1")
 and on spec v2 with the plugin ("spec v2 runs the EAGLE tree (...) with the overlap
 scheduler"; ``SGLANG_FUTUREMAP_TREE_SPEC_V2=0`` keeps spec v1). On Hopper with no attention
-backend given, SGLang picks FlashInfer for a tree (FA3 for a chain): name the backend.
+backend given, SGLang picks FlashInfer for a tree (FA3 for a chain): name the backend. On
+FlashInfer the plugin keeps a tree on spec v1 unless ``SGLANG_FUTUREMAP_TREE_SPEC_V2=1``
+(spec v2 decodes slower there); the bench sets it for FlashInfer trees (``tree_env``), so
+those rows measure the spec-v2 tree a user can ask for.
 
 Dummy weights make the draft accept (almost) every token: the accept length is near its
 maximum (steps + 1; 4.0 for 3/1/4 and 3/4/16, 6.0 for 5/4/8), above what real weights give,
@@ -1711,6 +1714,14 @@ class Deadline:
         return self.left() >= needed_s
 
 
+def tree_env(case: dict[str, Any]) -> dict[str, str]:
+    """A FlashInfer tree: the plugin keeps it on spec v1 (stock's path) unless
+    ``SGLANG_FUTUREMAP_TREE_SPEC_V2=1``; the bench measures the spec-v2 tree it then runs
+    (stock and upstream ignore the variable). Nothing for chains and other backends."""
+    _steps, topk, _tokens = case_spec(case)
+    return {"SGLANG_FUTUREMAP_TREE_SPEC_V2": "1"} if topk > 1 and case["backend"] == "flashinfer" else {}
+
+
 def run_engine(*, case: dict[str, Any], variant: ge.Variant, pass_: str, rep: int, spec: dict[str, Any],
                work: Path, log_dir: Path, timeout: float, log_config: Path, sync_site: Path | None,
                sync_impl: str = "own", ports: ge.PortAllocator | None = None) -> dict[str, Any]:
@@ -1737,6 +1748,7 @@ def run_engine(*, case: dict[str, Any], variant: ge.Variant, pass_: str, rep: in
         env["SGLANG_TORCH_PROFILER_DIR"] = spec["profile_dir"]
     if pass_ == "host":
         env["SMOKE_HOST_PROFILE"] = "1"
+    env.update(tree_env(case))
     print(f"== {tag}: {ENV_MODE}={variant.mode}" + (f", SGLang of {variant.site}" if variant.site else "")
           + f" (timeout {timeout:.0f} s, ports {block.base}+) log {log_path}", flush=True)
     rc, wall, result, text = ge.run_worker(Path(__file__).resolve(), spec, work, tag, log_path, env, timeout,

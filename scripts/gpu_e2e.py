@@ -338,6 +338,11 @@ def tree_cases() -> list[Case]:
 _TREE_V2 = {"env": ((TREE_SPEC_V2_ENV, None),), "tree_v2": True, "upstream": True}
 
 
+def _tree_v2(backend: str) -> dict[str, Any]:
+    """``_TREE_V2`` for ``backend``: FlashInfer trees run on spec v2 when asked for (=1)."""
+    return {**_TREE_V2, "env": ((TREE_SPEC_V2_ENV, "1"),)} if backend == "flashinfer" else _TREE_V2
+
+
 def tree_v2_cases() -> list[Case]:
     """EAGLE trees (topk > 1; page size 1, and 16 on FlashInfer / FA3) that the patched run
     decodes on spec v2 against stock
@@ -354,20 +359,20 @@ def tree_v2_cases() -> list[Case]:
                                       ("fa3", (5, 4, 8), True, True), ("triton", (3, 4, 16), True, False),
                                       ("triton", (5, 4, 8), True, False), ("triton", (3, 4, 16), False, False)):
         cases.append(Case(f"treev2-standalone-{backend}-{'x'.join(map(str, tree))}-{_graph_name(graph, pcg)}",
-                          "STANDALONE", backend, graph, pcg, "tree", spec_tree(*tree), **v2))
+                          "STANDALONE", backend, graph, pcg, "tree", spec_tree(*tree), **_tree_v2(backend)))
     cases.append(Case("treev2-eagle3-triton-5x4x8-graph-nopcg", "EAGLE3", "triton", True, False, "tree",
                       spec_tree(5, 4, 8), **v2))
     cases.append(Case("treev2-eos-standalone-triton-3x4x16", "STANDALONE", "triton", True, False, "tree-eos",
                       spec_tree(3, 4, 16), **v2))
     cases.append(Case("treev2-radix-standalone-flashinfer-5x4x8", "STANDALONE", "flashinfer", True, False,
-                      "tree-radix", spec_tree(5, 4, 8), **v2))
+                      "tree-radix", spec_tree(5, 4, 8), **_tree_v2("flashinfer")))
     # Page size 16 (back-port paged-tree-spec-v2): FlashInfer and FA3, the backends SGLang
     # 0.5.12.x accepts for a tree in pages; prompts of every length modulo 16.
     page16 = (("page_size", 16),)
     for backend, tree, graph in (("flashinfer", (3, 4, 16), True), ("flashinfer", (5, 4, 8), False),
                                  ("fa3", (5, 4, 8), True), ("fa3", (3, 4, 16), False)):
         cases.append(Case(f"treev2-page16-standalone-{backend}-{'x'.join(map(str, tree))}-{_graph_name(graph, False)}",
-                          "STANDALONE", backend, graph, False, "tree", spec_tree(*tree) + page16, **v2))
+                          "STANDALONE", backend, graph, False, "tree", spec_tree(*tree) + page16, **_tree_v2(backend)))
     cases.append(Case("treev2-eos-page16-standalone-fa3-3x4x16", "STANDALONE", "fa3", True, False, "tree-eos",
                       spec_tree(3, 4, 16) + page16, **v2))
     return cases
@@ -383,7 +388,7 @@ def tree_v2_det_cases() -> list[Case]:
     for backend, tree, graph in (("flashinfer", (5, 4, 8), True), ("fa3", (3, 4, 16), True),
                                  ("triton", (3, 4, 16), True), ("triton", (5, 4, 8), False)):
         cases.append(Case(f"treev2det-standalone-{backend}-{'x'.join(map(str, tree))}-{_graph_name(graph, False)}",
-                          "STANDALONE", backend, graph, False, "tree", spec_tree(*tree) + det, **v2))
+                          "STANDALONE", backend, graph, False, "tree", spec_tree(*tree) + det, **_tree_v2(backend)))
     return cases
 
 

@@ -49,13 +49,17 @@ def _unavailable(verdict: Verdict) -> int:
 
 def _tree_choice() -> str:
     """Where EAGLE trees (topk > 1) run, as the environment decides it."""
-    from sglang_futuremap_patch.backports.spec_v2_tree import TREE_ENV, tree_spec_v2_wanted
+    from sglang_futuremap_patch.backports.spec_v2_tree import (
+        TREE_ENV, tree_spec_v2_forced, tree_spec_v2_wanted)
 
-    if tree_spec_v2_wanted():
-        return (f"spec v2 where covered (Triton/FlashInfer/FA3 with page size 1, FlashInfer/FA3 "
-                f"with larger pages; Llama/Qwen2/Qwen3 targets; elsewhere spec v1); "
-                f"{TREE_ENV}=0 keeps every tree on spec v1")
-    return f"spec v1, as in stock SGLang ({TREE_ENV}=0 is set)"
+    if not tree_spec_v2_wanted():
+        return f"spec v1, as in stock SGLang ({TREE_ENV}=0 is set)"
+    where = ("Triton/FlashInfer/FA3 with page size 1, FlashInfer/FA3 with larger pages; "
+             "Llama/Qwen2/Qwen3 targets; elsewhere spec v1")
+    if tree_spec_v2_forced():
+        return f"spec v2 where covered ({where}), FlashInfer included ({TREE_ENV}=1 is set); {TREE_ENV}=0 keeps every tree on spec v1"
+    return (f"spec v2 where covered ({where}), except FlashInfer: spec v1 there (faster on 0.5.12.x; "
+            f"{TREE_ENV}=1 runs it on spec v2); {TREE_ENV}=0 keeps every tree on spec v1")
 
 
 def _print_report(report: Report) -> None:

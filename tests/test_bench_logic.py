@@ -1001,3 +1001,13 @@ def test_end_to_end_the_next_case_starts_from_the_walls_seen(tmp_path, fake_site
                               "--batch-sizes", "1", "--deadline-s", "160")
     assert [(bench.case_name(c), len(c["runs"]), c["skipped"]) for c in doc["cases"]] == [
         ("tiny/triton-nopcg", 2, []), ("tiny/triton-nopcg spec 3/4/16", 2, [])]
+
+
+def test_flashinfer_trees_are_measured_on_spec_v2_as_asked_for():
+    """The plugin keeps a FlashInfer tree on spec v1 unless SGLANG_FUTUREMAP_TREE_SPEC_V2=1:
+    the bench sets it there (chains and other backends: nothing)."""
+    tree = {"model": "8b", "backend": "flashinfer", "spec": [3, 4, 16]}
+    assert bench.tree_env(tree) == {"SGLANG_FUTUREMAP_TREE_SPEC_V2": "1"}
+    assert bench.tree_env({**tree, "backend": "fa3-pcg"}) == {}
+    assert bench.tree_env({**tree, "spec": [3, 1, 4]}) == {}
+    assert bench.tree_env({"model": "8b", "backend": "flashinfer"}) == {}

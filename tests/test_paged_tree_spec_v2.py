@@ -245,8 +245,10 @@ def test_draft_layout_does_not_depend_on_the_other_requests(patched, interpreted
 
 
 @pytest.mark.parametrize("backend", ["flashinfer", "fa3"])
-def test_tree_with_page_16_runs_on_spec_v2(patched, models, caplog, backend):
+def test_tree_with_page_16_runs_on_spec_v2(patched, models, caplog, monkeypatch, backend):
     caplog.set_level(logging.INFO)
+    if backend == "flashinfer":  # FlashInfer trees run on spec v2 when asked for (back-port 11)
+        monkeypatch.setenv("SGLANG_FUTUREMAP_TREE_SPEC_V2", "1")
     args = server_args(models, "EAGLE3", "eagle3", attention_backend=backend, page_size=16,
                        **EXPLICIT_TREE)
     assert args.disable_overlap_schedule is False
@@ -254,8 +256,10 @@ def test_tree_with_page_16_runs_on_spec_v2(patched, models, caplog, backend):
     assert [r for r in caplog.records if TREE_V2_LINE in r.getMessage()]
 
 
-def test_tree_with_page_16_needs_a_paged_tree_backend(patched, models):
+def test_tree_with_page_16_needs_a_paged_tree_backend(patched, models, monkeypatch):
     from sglang.srt.server_args import spec_v2_tree_unsupported
+
+    monkeypatch.setenv("SGLANG_FUTUREMAP_TREE_SPEC_V2", "1")  # FlashInfer trees on spec v2
 
     args = server_args(models, "EAGLE3", "eagle3", attention_backend="flashinfer", page_size=16,
                        **EXPLICIT_TREE)

@@ -238,7 +238,7 @@ BACKPORT = Backport(
                assign_paged_tree_draft_cache_locs, expected=ABSENT),
         Target(_EAGLE_INFO_V2, "EagleDraftInputV2Mixin.prepare_for_v2_draft", None,
                expected="7a80520604568c32", kind="edit", edits=_DRAFT_EDITS),
-        Target("sglang.srt.server_args", "spec_v2_tree_unsupported", None, expected="52ad9f96d1005a7c",
+        Target("sglang.srt.server_args", "spec_v2_tree_unsupported", None, expected="81fbb21e23c52a27",
                kind="edit", edits=_ROUTING_EDITS),
     ),
 )

@@ -30,8 +30,12 @@ elsewhere): EAGLE, EAGLE3 and STANDALONE (not multi-layer EAGLE), page size 1, t
 FlashInfer and FA3 backends, no DP attention, and a full-attention target (Llama, Qwen2,
 Qwen3); the verify of a hybrid linear-attention target rejects trees. FA3 and FlashInfer
 keep the host mirror of ``seq_lens`` for trees (private-stream copy, no ``verify_done``
-wait); Triton builds everything on the device. ``SGLANG_FUTUREMAP_TREE_SPEC_V2=0`` keeps
-trees on spec v1 as in stock SGLang (an auto-chosen one too, back-port 9);
+wait); Triton builds everything on the device. On FlashInfer a tree stays on spec v1 unless
+``SGLANG_FUTUREMAP_TREE_SPEC_V2=1``: there every forward plans on the host from device offsets
+(a sync each) and the v2 draft extend runs eagerly (no draft-extend CUDA graph for FlashInfer on
+spec v2, 0.5.13 alike), so spec v2 decodes slower than spec v1 (H100, 8B-shaped, 3 / 4 / 16:
+x0.76-0.92, 0.5.13 x0.84-0.95; results/bench-h100/trees). ``SGLANG_FUTUREMAP_TREE_SPEC_V2=0``
+keeps every tree on spec v1 as in stock SGLang (an auto-chosen one too, back-port 9);
 ``python -m sglang_futuremap_patch status`` shows the choice.
 
 Token identity: on the H100 (results/gpu-e2e/h100-tree-v2) the plugin's spec-v2 tree gives
@@ -69,6 +73,11 @@ def tree_spec_v2_wanted() -> bool:
     same test opens ``spec_v2_tree_unsupported``, which the patch puts into server_args.py)."""
     return os.environ.get(TREE_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
+
+def tree_spec_v2_forced() -> bool:
+    """True when the user asks for spec v2 trees on FlashInfer too (``=1``)."""
+    return os.environ.get(TREE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
 #: The INFO line for a tree on spec v2 (the patch logs the same words via SGLang's logger).
 TREE_V2_MESSAGE = (
     "spec v2 runs the EAGLE tree (num_steps=%s, eagle_topk=%s, num_draft_tokens=%s) with the "
@@ -103,6 +112,16 @@ def spec_v2_tree_unsupported(server_args) -> Optional[str]:
     arch = server_args.get_model_config().hf_config.architectures[0]
     if arch not in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         return f"target {arch} (spec v2 trees: full-attention Llama, Qwen2, Qwen3)"
+    if "flashinfer" in backends and os.environ.get(
+        "SGLANG_FUTUREMAP_TREE_SPEC_V2", ""
+    ).strip().lower() not in ("1", "true", "yes", "on"):
+        # FlashInfer plans every forward on the host from device offsets (a sync each), and
+        # the v2 draft extend runs eagerly there: a spec-v2 tree decodes slower than spec v1
+        # (0.5.13 too). Spec v1 unless the user asks.
+        return (
+            "FlashInfer decodes a tree slower on spec v2 than on spec v1; "
+            "SGLANG_FUTUREMAP_TREE_SPEC_V2=1 runs it on spec v2"
+        )
     return None
 
 
