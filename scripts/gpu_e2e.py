@@ -730,6 +730,12 @@ def run_scenario(engine: Any, sc: dict[str, Any], done: dict[str, Any], pids: Se
     raise ValueError(f"unknown scenario kind {kind!r}")
 
 
+def meets_eos(output_ids: Sequence[int], eos: set[int]) -> bool:
+    """An ``eos_search`` output that ``eos_churn`` reruns: it holds an EOS id before its last
+    token (the rerun, EOS honoured, stops on it)."""
+    return bool(eos & set(output_ids[:-1]))
+
+
 def _eos_search(engine: Any, sc: dict[str, Any]) -> dict[str, Any]:
     """Rounds of greedy requests (ignore_eos) until ``want`` outputs hold an EOS id."""
     eos = set(sc["eos_ids"])
@@ -741,7 +747,7 @@ def _eos_search(engine: Any, sc: dict[str, Any]) -> dict[str, Any]:
                                **_logprob_kw(sc))
         for ids, o in zip(rnd, outs):
             rec = _record(o)
-            if eos & set(rec["output_ids"][:-1]):  # before the last token: the rerun stops on it
+            if meets_eos(rec["output_ids"], eos):
                 found.append(len(outputs))
             outputs.append(rec)
             prompts.append(ids)
@@ -1964,7 +1970,7 @@ def rebuild_adaptive(sc_list: Sequence[dict[str, Any]], runs: dict[str, dict[str
                 entry["prompts"] = sent
                 if "found" not in entry:
                     eos = set(sc["eos_ids"])
-                    entry["found"] = [i for i, o in enumerate(entry["outputs"]) if eos & set(o["output_ids"][:-1])]
+                    entry["found"] = [i for i, o in enumerate(entry["outputs"]) if meets_eos(o["output_ids"], eos)]
         for name, entry in r.items():
             sc = by_name.get(name)
             src = r.get(sc.get("source", "")) if sc else None
