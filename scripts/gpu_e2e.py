@@ -58,11 +58,14 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
   ``mtp-eos-default`` (the ``eos`` churn). The ``default`` and ``fa3`` ones need FA3. Not Triton
   with CUDA graph: stock 0.5.12.post1 fails to capture the MTP draft-extend graphs there.
 * EAGLE trees (topk > 1). Stock 0.5.12.x runs an explicit tree on spec v1 and crashes on
-  SGLang's auto-chosen one (Llama + EAGLE3, no spec flags: 5 / 4 / 8), so the auto cases' oracle
-  is stock given that tree explicitly. ``tree-*`` (``--group tree``): the auto tree with the
-  plugin kept on spec v1 (``SGLANG_FUTUREMAP_TREE_SPEC_V2=0``, through ``Case.env``):
-  FA3 + PCG, Triton, Triton with the ``eos`` churn, ``launch_server``. ``treev2-*`` (``--group
-  tree-v2``): the patched run on spec v2, stock on spec v1: the auto tree on FA3 + PCG,
+  SGLang's auto-chosen one (a Llama target with EAGLE3 or EAGLE, no spec flags: 5 / 4 / 8), so
+  the auto cases' oracle is stock given that tree explicitly. The EAGLE auto cases run the
+  Llama target with its EAGLE-1 draft (``eagle/``, ``Case.models``; ``EAGLE`` alone means the
+  MiMoV2 pair). ``tree-*`` (``--group tree``): the auto tree with the plugin kept on spec v1
+  (``SGLANG_FUTUREMAP_TREE_SPEC_V2=0``, through ``Case.env``): FA3 + PCG (EAGLE3 and EAGLE),
+  Triton, Triton with the ``eos`` churn, ``launch_server``.
+  ``treev2-*`` (``--group tree-v2``): the patched run on spec v2, stock on spec v1: the auto
+  tree on FA3 + PCG (EAGLE3 and EAGLE),
   explicit trees 3 / 4 / 16 and 5 / 4 / 8 with the STANDALONE draft on FlashInfer, FA3 and
   Triton (CUDA graph on and off, PCG on one FA3 case), EAGLE3 5 / 4 / 8 on Triton, the ``eos``
   churn (Triton) and the ``radix`` profile (FlashInfer), page size 16 on FlashInfer and FA3
@@ -91,9 +94,9 @@ from the radix cache (``radix``). Tree cases instead of the ``verify_done`` pair
 resolved to the same server arguments and tree; ``tree-*``: both spec v1, the plugin's one
 auto-tree WARNING and no spec-v2 tree line; ``treev2-*``: patched spec v2 (and no
 ``verify_done`` wait), stock spec v1, the plugin's one "spec v2 runs the EAGLE tree" line and
-stock's spec-v1 line, the tree as asked (5 / 4 / 8 for the auto one), and with the STANDALONE
-draft a patched mean accept length above 1.3 (from SGLang's ``Decode batch`` lines; the report
-gives it next to the requests' own mean, stock / patched).
+stock's spec-v1 line, the tree as asked (5 / 4 / 8 for the auto ones), and with the STANDALONE
+or EAGLE-1 draft a patched mean accept length above 1.3 (from SGLang's ``Decode batch`` lines;
+the report gives it next to the requests' own mean, stock / patched).
 
 Results: ``--out DIR`` gets ``e2e-<tag>.json`` (everything), ``e2e-<tag>.txt`` (the
 report) and ``logs-<tag>.tar.gz`` (every Engine's full log). ``--merge`` turns one or more JSONs into the Markdown record
@@ -166,6 +169,9 @@ class Case:
     #: Also run stock SGLang 0.5.13 (``--upstream-site``) with the patched run's launch: it runs
     #: trees on spec v2 itself, so the patched run is compared with it token for token too.
     upstream: bool = False
+    #: The model directories (target, draft) when not the algorithm's (``MODEL_DIRS``): e.g. the
+    #: Llama target with its EAGLE-1 draft, where ``EAGLE`` otherwise means the MiMoV2 pair.
+    models: tuple[str, str] | None = None
 
     @property
     def gpus(self) -> int:
@@ -302,6 +308,8 @@ def deployment_cases() -> list[Case]:
 AUTO_SPEC = (("speculative_num_steps", None), ("speculative_eagle_topk", None),
              ("speculative_num_draft_tokens", None))
 AUTO_TREE = (("speculative_num_steps", 5), ("speculative_eagle_topk", 4), ("speculative_num_draft_tokens", 8))
+#: The Llama target with its EAGLE-1 draft (``Case.models`` of the auto-tree EAGLE cases).
+LLAMA_EAGLE = ("target", "eagle")
 SPEC_TREE_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
 #: Set to 1, the plugin keeps EAGLE trees on spec v1 (its behaviour before trees ran on spec v2).
 TREE_SPEC_V2_ENV = "SGLANG_FUTUREMAP_TREE_SPEC_V2"
@@ -317,10 +325,12 @@ def tree_cases() -> list[Case]:
     ``SGLANG_FUTUREMAP_TREE_SPEC_V2=0``) against stock SGLang given the same tree explicitly, on
     the backend the auto path ends up with: FA3 with piecewise CUDA graph on Hopper (stock
     names no backend for the auto path, but an explicit tree would pick FlashInfer there, so the
-    oracle names FA3), and Triton."""
+    oracle names FA3), and Triton; on FA3 + PCG also with the EAGLE-1 draft."""
     v1 = ((TREE_SPEC_V2_ENV, "0"),)  # the documented way to keep trees on spec v1
     cases = [Case("tree-auto-eagle3-default", "EAGLE3", "default", True, True, "matrix", AUTO_SPEC,
                   stock_extra=AUTO_TREE + (("attention_backend", "fa3"),), env=v1)]
+    cases.append(Case("tree-auto-eagle-default", "EAGLE", "default", True, True, "matrix", AUTO_SPEC,
+                      stock_extra=AUTO_TREE + (("attention_backend", "fa3"),), env=v1, models=LLAMA_EAGLE))
     cases.append(Case("tree-auto-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix",
                       AUTO_SPEC, stock_extra=AUTO_TREE, env=v1))
     cases.append(Case("tree-auto-eagle3-triton-eos", "EAGLE3", "triton", True, False, "eos",
@@ -349,11 +359,14 @@ def tree_v2_cases() -> list[Case]:
     SGLang on spec v1 with the same tree. Explicit trees: the same launch on both sides (stock
     sends it to spec v1 itself), mostly with the STANDALONE draft, which gets part of the tree
     accepted (the EAGLE3 draft gets ~1 token a step: one case). SGLang's auto-chosen tree
-    (5 / 4 / 8) against stock given it explicitly, as ``tree-auto-eagle3-default``. The matrix
+    (5 / 4 / 8) against stock given it explicitly, as ``tree-auto-eagle3-default``, with EAGLE3
+    and with the EAGLE-1 draft (which gets part of the tree accepted). The matrix
     profile's ``logprob`` scenario compares logprobs (within ``TREE_V2_LOGPROB_TOL``)."""
     v2 = _TREE_V2
     cases = [Case("treev2-auto-eagle3-default", "EAGLE3", "default", True, True, "tree", AUTO_SPEC,
                   stock_extra=AUTO_TREE + (("attention_backend", "fa3"),), **v2)]
+    cases.append(Case("treev2-auto-eagle-default", "EAGLE", "default", True, True, "tree", AUTO_SPEC,
+                      stock_extra=AUTO_TREE + (("attention_backend", "fa3"),), models=LLAMA_EAGLE, **v2))
     for backend, tree, graph, pcg in (("flashinfer", (3, 4, 16), True, False), ("flashinfer", (5, 4, 8), True, False),
                                       ("flashinfer", (5, 4, 8), False, False), ("fa3", (3, 4, 16), True, False),
                                       ("fa3", (5, 4, 8), True, True), ("triton", (3, 4, 16), True, False),
@@ -426,11 +439,18 @@ def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repea
 
 #: The model directories (``make_tiny_models.py``) of each algorithm: target, draft.
 MODEL_DIRS = {"EAGLE3": ("target", "eagle3"), "STANDALONE": ("target", "draft"), "EAGLE": ("mimov2", "mimov2-mtp")}
+#: Drafts that get part of a tree accepted (the EAGLE3 draft gets ~1 token a step).
+PARTIAL_ACCEPT_DRAFTS = frozenset({"draft", "eagle"})
+
+
+def model_dirs(case: Case) -> tuple[str, str]:
+    """A case's model directories (target, draft): its own, else its algorithm's."""
+    return case.models or MODEL_DIRS[case.algorithm]
 
 
 def engine_kwargs(case: Case, models: Path, stock: bool = False) -> dict[str, Any]:
     """The Engine kwargs of a case (``stock``: of its stock run, with ``Case.stock_extra``)."""
-    target, draft = (models / name for name in MODEL_DIRS[case.algorithm])
+    target, draft = (models / name for name in model_dirs(case))
     default = case.backend == "default"
     extra = dict(case.extra, **(dict(case.stock_extra) if stock else {}))
     return ge.spec_engine_kwargs(
@@ -1436,8 +1456,8 @@ def spec_v1_checks(stock: dict[str, Any], patched: dict[str, Any]) -> list[Check
     return checks
 
 
-#: A ``tree_v2`` case with the STANDALONE draft must accept more than this many tokens per
-#: step on average in its patched run: the tree is exercised, not just its first token.
+#: A ``tree_v2`` case with the STANDALONE or EAGLE-1 draft must accept more than this many tokens
+#: per step on average in its patched run: the tree is exercised, not just its first token.
 TREE_V2_MIN_ACCEPT = 1.3
 
 
@@ -1461,7 +1481,7 @@ def tree_v2_checks(case: Case, stock: dict[str, Any], patched: dict[str, Any]) -
     """A ``tree_v2`` case: the patched run decodes the tree on spec v2 and said so in one line;
     stock (the oracle) decodes the same tree on spec v1 and said so in SGLang's own line; both
     resolved to the tree the case asks for (the auto case: SGLang's 5 / 4 / 8) with the same
-    server arguments otherwise; the STANDALONE draft gets part of the tree accepted."""
+    server arguments otherwise; the STANDALONE and EAGLE-1 drafts get part of the tree accepted."""
     eff = {name: (run.get("result") or {}).get("effective") or {} for name, run in
            (("stock", stock), ("patched", patched))}
     keys = [k for k in SPEC_V1_KEYS if k != "disable_overlap_schedule"]
@@ -1485,7 +1505,7 @@ def tree_v2_checks(case: Case, stock: dict[str, Any], patched: dict[str, Any]) -
         Check("stock log: SGLang's spec v1 line for the tree", slog.stock_tree_spec_v1_lines >= 1,
               f"{slog.stock_tree_spec_v1_lines} lines '{smoke.STOCK_TREE_SPEC_V1_MARK}'"),
     ]
-    if case.algorithm == "STANDALONE":
+    if model_dirs(case)[1] in PARTIAL_ACCEPT_DRAFTS:
         value, source = accept_length(patched)
         checks.append(Check(f"patched mean accept length > {TREE_V2_MIN_ACCEPT}",
                             value is not None and value > TREE_V2_MIN_ACCEPT,

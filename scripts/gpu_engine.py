@@ -457,16 +457,16 @@ def engine_error(returncode: int | None, result: dict[str, Any] | None, log_text
 
 def build_tiny_models(out: Path) -> dict[str, Path]:
     """The offline tiny models (``make_tiny_models.py``): ``target`` (with a tokenizer),
-    ``draft`` (STANDALONE), ``eagle3``, and for multi-layer EAGLE ``mimov2`` (a MiMoV2 target
-    with a tokenizer) and ``mimov2-mtp`` (its MTP draft)."""
+    ``draft`` (STANDALONE), ``eagle3``, ``eagle`` (EAGLE-1), and for multi-layer EAGLE
+    ``mimov2`` (a MiMoV2 target with a tokenizer) and ``mimov2-mtp`` (its MTP draft)."""
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
-    from make_tiny_models import (DRAFT_DIRNAME, EAGLE3_DIRNAME, MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME, TARGET_DIRNAME,
-                                  make_models)
+    from make_tiny_models import (DRAFT_DIRNAME, EAGLE3_DIRNAME, EAGLE_DIRNAME, MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME,
+                                  TARGET_DIRNAME, make_models)
 
     make_models(out)
     return {"target": out / TARGET_DIRNAME, "draft": out / DRAFT_DIRNAME, "eagle3": out / EAGLE3_DIRNAME,
-            "mimov2": out / MIMOV2_DIRNAME, "mimov2-mtp": out / MIMOV2_MTP_DIRNAME}
+            "eagle": out / EAGLE_DIRNAME, "mimov2": out / MIMOV2_DIRNAME, "mimov2-mtp": out / MIMOV2_MTP_DIRNAME}
 
 
 def model_config(model_dir: str | Path) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Write a tiny Llama target, a correlated STANDALONE draft, an EAGLE3 draft, and a tiny MiMoV2
-target with its multi-layer MTP draft as real checkpoints, plus offline word-level tokenizers for
-the two targets.
+"""Write a tiny Llama target, a correlated STANDALONE draft, an EAGLE3 draft, an EAGLE-1 draft,
+and a tiny MiMoV2 target with its multi-layer MTP draft as real checkpoints, plus offline
+word-level tokenizers for the two targets.
 
 Offline model factory for the GPU tests. Every model directory holds ``config.json`` +
 ``model.safetensors`` generated from a fixed seed, so every machine builds bit-identical
@@ -12,7 +12,16 @@ weights without any download:
 * ``draft/``: ``LlamaForCausalLM``, the STANDALONE draft (see below);
 * ``eagle3/``: ``LlamaForCausalLMEagle3``, one decoder layer over the target's three captured
   hidden states (random: its drafts are mostly rejected, which exercises the reject paths;
-  the STANDALONE draft covers partial acceptance).
+  the STANDALONE and EAGLE drafts cover partial acceptance);
+* ``eagle/``: ``LlamaForCausalLMEagle`` (EAGLE-1), no random draw: the target's embedding and
+  first two layers (SGLang runs layer 0 without its input norm and has no final norm) behind
+  an ``fc`` (with a zero bias) that passes the next token's embedding through and adds 0.1 of
+  the target's hidden state. Tensor names without ``model.`` (SGLang's loader adds it) and no
+  ``lm_head`` (the loader drops it; the draft worker gives the draft the target's embedding
+  and lm_head). On CPU (``--check``) its first step names the target's next token about half
+  the time (the target's token is in its top 4 about 83% of the time) and a plain-torch walk of
+  SGLang's auto tree (5 steps, topk 4, 8 draft tokens) accepts about 2.1 tokens a step;
+  ``tests/test_tiny_models_eagle.py`` checks the draft against SGLang's own modules.
 
 Why not ``load_format="dummy"``: SGLang's dummy weights (uniform +-1e-3) make greedy
 decoding collapse into a period-2 cycle, which is a weak oracle for token-exact
@@ -73,7 +82,7 @@ and no piecewise-CUDA-graph switch)::
 
 Usage::
 
-    python3 scripts/make_tiny_models.py --out /tmp/models   # -> /tmp/models/{target,draft,eagle3,mimov2,mimov2-mtp}
+    python3 scripts/make_tiny_models.py --out /tmp/models   # -> /tmp/models/{target,draft,eagle3,eagle,mimov2,mimov2-mtp}
     python3 scripts/make_tiny_models.py --out /tmp/models --check  # + verify names/shapes + greedy probes
 """
 
@@ -88,6 +97,8 @@ from typing import Any
 TARGET_DIRNAME = "target"
 DRAFT_DIRNAME = "draft"
 EAGLE3_DIRNAME = "eagle3"
+EAGLE_DIRNAME = "eagle"
+EAGLE_ARCH = "LlamaForCausalLMEagle"
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2 (pad, bos, eos in llama_config)
 
 
@@ -204,9 +215,32 @@ def expected_eagle3_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]
     }
 
 
+def eagle_config(target: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """``config.json`` of an EAGLE-1 draft for ``target``: ``num_layers`` decoder layers of the
+    target's widths and vocabulary."""
+    return dict(target, architectures=[EAGLE_ARCH], num_hidden_layers=num_layers)
+
+
+def expected_eagle_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Tensor names of an EAGLE-1 checkpoint as ``LlamaForCausalLMEagle.load_weights`` takes
+    them: without the ``model.`` prefix (it adds one), an ``fc`` with bias that folds
+    [embedding, target hidden state] into one, decoder layers whose layer 0 has no
+    ``input_layernorm`` (SGLang replaces it with the identity), no final norm. No ``lm_head``:
+    the loader drops every ``lm_head`` tensor, and the draft worker gives the draft the target's
+    embedding and lm_head at start-up (the embedding is loaded all the same)."""
+    h = config["hidden_size"]
+    skip = {"model.norm.weight", "model.layers.0.input_layernorm.weight"}
+    shapes = {name.removeprefix("model."): shape for name, shape in expected_shapes(config).items()
+              if name.startswith("model.") and name not in skip}
+    shapes.update({"fc.weight": (h, 2 * h), "fc.bias": (h,)})
+    return shapes
+
+
 def shapes_for(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     if config["architectures"] == ["LlamaForCausalLMEagle3"]:
         return expected_eagle3_shapes(config)
+    if config["architectures"] == [EAGLE_ARCH]:
+        return expected_eagle_shapes(config)
     if is_mtp_config(config):
         return expected_mtp_shapes(config)
     return expected_shapes(config)  # Llama, and the MiMoV2 target (the same tensor names)
@@ -286,6 +320,33 @@ def make_eagle3_weights(
     return out
 
 
+def make_eagle_weights(
+    target: dict[str, "torch.Tensor"],  # noqa: F821
+    config: dict[str, Any],
+    *,
+    mix: float = 0.1,
+) -> dict[str, "torch.Tensor"]:  # noqa: F821
+    """EAGLE-1 draft correlated with the target, no random draw: the target's embedding and
+    first ``num_hidden_layers`` layers (layer 0 without its input norm, as SGLang runs it; its
+    gains are about 1, so that is a small change), behind an ``fc`` that passes the token's
+    embedding through and adds ``mix`` times the target's hidden state (zero bias). A draft step
+    is thus about the target's prediction without its later (scaled-down) layers and final norm
+    (argmax is nearly scale invariant): often right, not always."""
+    import torch
+
+    h = config["hidden_size"]
+    eye = torch.eye(h)
+    out: dict[str, torch.Tensor] = {
+        "embed_tokens.weight": target["model.embed_tokens.weight"].clone(),
+        "fc.weight": torch.cat([eye, mix * eye], dim=1).to(torch.bfloat16).contiguous(),
+        "fc.bias": torch.zeros(h, dtype=torch.bfloat16),
+    }
+    for name in expected_eagle_shapes(config):
+        if name.startswith("layers."):
+            out[name] = target["model." + name].clone()
+    return out
+
+
 def write_tokenizer(directory: Path, vocab_size: int) -> None:
     """A word-level tokenizer: id ``i`` is the word ``w<i>`` (0..2 are the special tokens).
 
@@ -325,12 +386,15 @@ def make_models(
     embed_std: float = 1.0,
     lm_head_std: float = 0.2,
     late_layer_scale: float = 0.5,
+    eagle_mix: float = 0.1,
     mtp: bool = True,
     **shape: Any,
 ) -> tuple[Path, Path]:
-    """Write ``out/target`` (with its tokenizer), ``out/draft``, ``out/eagle3`` and (``mtp``)
-    ``out/mimov2`` + ``out/mimov2-mtp`` (their own fixed shape: ``shape`` is the Llama pair's);
-    returns the target and STANDALONE draft paths."""
+    """Write ``out/target`` (with its tokenizer), ``out/draft``, ``out/eagle3``, ``out/eagle``
+    (EAGLE-1: the target's first ``draft_layers`` layers behind an ``fc`` that mixes in
+    ``eagle_mix`` of the target's hidden state) and (``mtp``) ``out/mimov2`` + ``out/mimov2-mtp``
+    (their own fixed shape: ``shape`` is the Llama pair's); returns the target and STANDALONE
+    draft paths."""
     if not 1 <= draft_layers <= target_layers:
         raise ValueError(f"draft_layers must be in 1..{target_layers}, got {draft_layers}")
     tcfg = llama_config(num_layers=target_layers, **shape)
@@ -351,6 +415,8 @@ def make_models(
     write_model(ddir, dcfg, dw)
     ecfg = eagle3_config(tcfg)
     write_model(out / EAGLE3_DIRNAME, ecfg, make_eagle3_weights(tw, ecfg, seed=seed, linear_std=linear_std))
+    ecfg = eagle_config(tcfg, draft_layers)
+    write_model(out / EAGLE_DIRNAME, ecfg, make_eagle_weights(tw, ecfg, mix=eagle_mix))
     if mtp:
         make_mimov2_models(out, seed=seed)
     return tdir, ddir
@@ -601,15 +667,21 @@ def _rms_norm(x: "torch.Tensor", weight: "torch.Tensor", eps: float) -> "torch.T
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
+def _norm_eps(cfg: dict[str, Any]) -> float:
+    """RMSNorm epsilon: MiMoV2 names it ``layernorm_epsilon``, Llama ``rms_norm_eps``."""
+    return cfg["layernorm_epsilon"] if "layernorm_epsilon" in cfg else cfg["rms_norm_eps"]
+
+
 def _decoder_block(x: "torch.Tensor", w: dict[str, "torch.Tensor"], prefix: str, cfg: dict[str, Any],  # noqa: F821
-                   window: int | None) -> "torch.Tensor":  # noqa: F821
+                   window: int | None, input_norm: bool = True) -> "torch.Tensor":  # noqa: F821
     """One pre-norm block over a whole sequence (causal, optionally the last ``window`` keys
-    only), rotary embedding in the rotate-half layout SGLang's ``get_rope`` uses by default."""
+    only), rotary embedding in the rotate-half layout SGLang's ``get_rope`` uses by default.
+    ``input_norm`` False: attention reads ``x`` itself (EAGLE-1's first draft layer)."""
     import torch
 
     n, nh, nkv, hd = x.shape[0], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    eps = cfg["layernorm_epsilon"]
-    a = _rms_norm(x, w[prefix + "input_layernorm.weight"], eps)
+    eps = _norm_eps(cfg)
+    a = _rms_norm(x, w[prefix + "input_layernorm.weight"], eps) if input_norm else x
     q = (a @ w[prefix + "self_attn.q_proj.weight"].T).view(n, nh, hd)
     k = (a @ w[prefix + "self_attn.k_proj.weight"].T).view(n, nkv, hd)
     v = (a @ w[prefix + "self_attn.v_proj.weight"].T).view(n, nkv, hd)
@@ -631,6 +703,33 @@ def _decoder_block(x: "torch.Tensor", w: dict[str, "torch.Tensor"], prefix: str,
     m = _rms_norm(x, w[prefix + "post_attention_layernorm.weight"], eps)
     gate, up = m @ w[prefix + "mlp.gate_proj.weight"].T, m @ w[prefix + "mlp.up_proj.weight"].T
     return x + (torch.nn.functional.silu(gate) * up) @ w[prefix + "mlp.down_proj.weight"].T
+
+
+def llama_reference(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], ids: list[int]  # noqa: F821
+                    ) -> tuple["torch.Tensor", "torch.Tensor"]:  # noqa: F821
+    """The tiny Llama target in plain torch (fp32): logits and final (normalised) hidden states
+    of every position, the hidden states SGLang hands an EAGLE draft."""
+    x = w["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        x = _decoder_block(x, w, f"model.layers.{i}.", cfg, None)
+    hidden = _rms_norm(x, w["model.norm.weight"], cfg["rms_norm_eps"])
+    return hidden @ w["lm_head.weight"].T, hidden
+
+
+def eagle_reference(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], target: dict[str, "torch.Tensor"],  # noqa: F821
+                    ids: list[int], hidden: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:  # noqa: F821
+    """The EAGLE-1 draft in plain torch with the target's embedding and lm_head (``target``'s
+    tensors: SGLang's draft worker shares them). Position ``p`` reads token ``ids[p]`` and the
+    hidden state ``hidden[p]`` (SGLang's draft extend: the target's state one position earlier;
+    a later draft step: the draft's own output). Returns its logits and its output hidden
+    states (``hidden + residual``, no final norm, as SGLang's ``LlamaForCausalLMEagle``)."""
+    import torch
+
+    e = target["model.embed_tokens.weight"][ids]
+    x = torch.cat([e, hidden], dim=-1) @ w["fc.weight"].T + w["fc.bias"]
+    for i in range(cfg["num_hidden_layers"]):
+        x = _decoder_block(x, w, f"layers.{i}.", cfg, None, input_norm=i > 0)
+    return x @ target["lm_head.weight"].T, x
 
 
 def mimov2_reference(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], ids: list[int]  # noqa: F821
@@ -690,13 +789,99 @@ def mtp_greedy_probe(target: Path, mtp: Path, prompts: int = 4, new_tokens: int 
             "mtp_agreement": [a / max(t, 1) for a, t in zip(agree, total)]}
 
 
+def _llama_greedy(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], prompts: int, new_tokens: int  # noqa: F821
+                  ) -> list[tuple[list[int], int]]:
+    """Greedy continuations of the plain-torch Llama target: (prompt + output ids, prompt length)
+    for ``prompts`` random prompts of 8, 25, 42, ... tokens."""
+    import torch
+
+    gen = torch.Generator().manual_seed(7)
+    out = []
+    with torch.no_grad():
+        for i in range(prompts):
+            ids = torch.randint(3, cfg["vocab_size"], (8 + 17 * i,), generator=gen).tolist()
+            start = len(ids)
+            for _ in range(new_tokens):
+                ids.append(int(llama_reference(cfg, w, ids)[0][-1].argmax()))
+            out.append((ids, start))
+    return out
+
+
+def eagle_greedy_probe(target: Path, eagle: Path, prompts: int = 4, new_tokens: int = 48) -> dict[str, Any]:
+    """Greedy-decode a few prompts with the plain-torch Llama target, then score the EAGLE-1
+    draft under teacher forcing along the target's own continuation, as SGLang's draft extend
+    feeds it: position ``p`` reads token ``p + 1`` and the target's hidden state of ``p`` and
+    should name token ``p + 2`` (the draft's first step). Reports output variety, that step's
+    agreement, and how often the target's token is among the draft's top 4 (SGLang's auto
+    tree takes 4 candidates a step)."""
+    import torch
+
+    tcfg, tw = load_fp32(target)
+    dcfg, dw = load_fp32(eagle)
+    runs = _llama_greedy(tcfg, tw, prompts, new_tokens)
+    agree = top4 = total = 0
+    with torch.no_grad():
+        for ids, start in runs:
+            _, hidden = llama_reference(tcfg, tw, ids)
+            logits, _ = eagle_reference(dcfg, dw, tw, ids[1:], hidden[:-1])
+            want = torch.tensor(ids[start:])
+            guess = logits[start - 2:-1]  # the guesses of the generated tokens
+            agree += int((guess.argmax(-1) == want).sum())
+            top4 += int((guess.topk(4, dim=-1).indices == want[:, None]).any(-1).sum())
+            total += len(want)
+    return {"distinct_per_output": [len(set(ids[start:])) for ids, start in runs],
+            "outputs": [ids[start:] for ids, start in runs],
+            "eagle_agreement": agree / max(total, 1), "eagle_top4": top4 / max(total, 1)}
+
+
+def eagle_tree_probe(target: Path, eagle: Path, *, steps: int = 5, topk: int = 4, draft_tokens: int = 8,
+                     prompts: int = 4, new_tokens: int = 48, every: int = 1) -> dict[str, Any]:
+    """The accept length of SGLang's EAGLE tree with greedy verification, walked in plain torch
+    along the target's greedy continuation (every ``every``-th position). The tree as SGLang
+    0.5.12.post1 builds it: the draft's top ``topk`` tokens, then ``steps - 1`` times each of
+    the ``topk`` kept paths grows its ``topk`` best children and the ``topk`` paths of highest
+    probability product are kept; the ``draft_tokens - 1`` best of all those candidates are
+    verified. A later step reads the draft's own output hidden state. Returns the mean accept
+    length (accepted draft tokens + 1) and how often each length occurred."""
+    import torch
+
+    tcfg, tw = load_fp32(target)
+    dcfg, dw = load_fp32(eagle)
+    lengths: dict[int, int] = {}
+    with torch.no_grad():
+        for ids, start in _llama_greedy(tcfg, tw, prompts, new_tokens):
+            _, target_hidden = llama_reference(tcfg, tw, ids)
+            for p in range(start - 1, len(ids) - steps - 1, every):  # ids[p]: the last verified token
+                tokens, hidden = ids[1:p + 1], target_hidden[:p]
+                paths: list[tuple[tuple[int, ...], list[torch.Tensor], float]] = [((), [], 1.0)]
+                candidates: list[tuple[float, tuple[int, ...]]] = []
+                for _ in range(steps):
+                    grown = []
+                    for path, path_hidden, score in paths:
+                        logits, out = eagle_reference(dcfg, dw, tw, tokens + list(path),
+                                                      torch.cat([hidden, *[h[None] for h in path_hidden]]))
+                        probs, best = logits[-1].softmax(-1).topk(topk)
+                        grown += [(score * float(q), path + (int(t),), path_hidden + [out[-1]])
+                                  for q, t in zip(probs, best)]
+                    candidates += [(score, path) for score, path, _ in grown]
+                    paths = [(path, ph, score) for score, path, ph in sorted(grown, key=lambda g: -g[0])[:topk]]
+                tree = {path for _, path in sorted(candidates, key=lambda c: -c[0])[:draft_tokens - 1]}
+                accepted = 0
+                while tuple(ids[p + 1:p + 2 + accepted]) in tree:
+                    accepted += 1
+                lengths[accepted + 1] = lengths.get(accepted + 1, 0) + 1
+    n = sum(lengths.values())
+    return {"mean_accept_length": sum(k * v for k, v in lengths.items()) / max(n, 1),
+            "accept_lengths": dict(sorted(lengths.items()))}
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True,
-                   help="output directory; gets target/, draft/, eagle3/, mimov2/ and mimov2-mtp/")
+                   help="output directory; gets target/, draft/, eagle3/, eagle/, mimov2/ and mimov2-mtp/")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--target-layers", type=int, default=4)
     p.add_argument("--draft-layers", type=int, default=2)
@@ -711,6 +896,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embed-std", type=float, default=1.0)
     p.add_argument("--lm-head-std", type=float, default=0.2)
     p.add_argument("--late-layer-scale", type=float, default=0.5, help="std multiplier for target layers the draft lacks")
+    p.add_argument("--eagle-mix", type=float, default=0.1, help="share of the target's hidden state in the EAGLE draft's fc")
     p.add_argument("--check", action="store_true", help="verify tensor names/shapes; with transformers installed also greedy-probe on CPU")
     return p
 
@@ -726,6 +912,7 @@ def main(argv: list[str] | None = None) -> int:
         embed_std=args.embed_std,
         lm_head_std=args.lm_head_std,
         late_layer_scale=args.late_layer_scale,
+        eagle_mix=args.eagle_mix,
         hidden_size=args.hidden_size,
         intermediate_size=args.intermediate_size,
         num_heads=args.num_heads,
@@ -735,10 +922,11 @@ def main(argv: list[str] | None = None) -> int:
         max_position_embeddings=args.max_position_embeddings,
     )
     mtp_dirs = (args.out / MIMOV2_DIRNAME, args.out / MIMOV2_MTP_DIRNAME)
-    print(f"wrote {tdir}, {ddir}, {args.out / EAGLE3_DIRNAME}, {mtp_dirs[0]} and {mtp_dirs[1]}")
+    edir = args.out / EAGLE_DIRNAME
+    print(f"wrote {tdir}, {ddir}, {args.out / EAGLE3_DIRNAME}, {edir}, {mtp_dirs[0]} and {mtp_dirs[1]}")
     if not args.check:
         return 0
-    problems = [p for d in (tdir, ddir, args.out / EAGLE3_DIRNAME, *mtp_dirs) for p in check_model_dir(d)]
+    problems = [p for d in (tdir, ddir, args.out / EAGLE3_DIRNAME, edir, *mtp_dirs) for p in check_model_dir(d)]
     for p in problems:
         print("PROBLEM:", p)
     if problems:
@@ -747,6 +935,11 @@ def main(argv: list[str] | None = None) -> int:
     mtp = mtp_greedy_probe(*mtp_dirs)
     print(f"MiMoV2 greedy probe (plain torch): distinct tokens per output {mtp['distinct_per_output']}, "
           f"MTP layer / target agreement {[round(a, 2) for a in mtp['mtp_agreement']]}")
+    eagle = eagle_greedy_probe(tdir, edir)
+    tree = eagle_tree_probe(tdir, edir)
+    print(f"EAGLE greedy probe (plain torch): draft step / target agreement {eagle['eagle_agreement']:.2f}, "
+          f"target's token in the draft's top 4 {eagle['eagle_top4']:.2f}, SGLang's auto tree (5 / 4 / 8) "
+          f"accepts {tree['mean_accept_length']:.2f} tokens a step")
     try:
         import transformers  # noqa: F401
     except ImportError:

@@ -883,6 +883,34 @@ def test_mtp_cases_run_the_mimov2_pair_with_and_without_cuda_graph(tmp_path: Pat
     assert e2e.MODEL_DIRS["EAGLE"] == (MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME)
 
 
+def test_a_case_naming_its_models_runs_them_in_every_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``EAGLE`` alone is the MiMoV2 pair; the auto-tree EAGLE cases name the Llama target and
+    its EAGLE-1 draft (``Case.models``), and every run of them (stock, patched, 0.5.13) gets
+    those directories."""
+    sys.path.insert(0, str(SCRIPTS))
+    from make_tiny_models import EAGLE_DIRNAME, TARGET_DIRNAME
+
+    assert e2e.LLAMA_EAGLE == (TARGET_DIRNAME, EAGLE_DIRNAME)
+    named = {c.name: c for c in e2e.all_cases() if c.models}
+    assert sorted(named) == ["tree-auto-eagle-default", "treev2-auto-eagle-default"]
+    assert all(c.models == e2e.LLAMA_EAGLE and c.algorithm == "EAGLE" for c in named.values())
+    assert all(e2e.model_dirs(c) == e2e.MODEL_DIRS[c.algorithm] for c in e2e.all_cases() if c.name not in named)
+    seen: dict[str, tuple[str, str, str]] = {}
+
+    def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config, site=None):
+        kw = spec["engine_kwargs"]
+        seen[mode_name] = (kw["model_path"], kw["speculative_draft_model_path"], kw["speculative_algorithm"])
+        return {"error": "stand-in", "log": smoke.scan_log("")}
+
+    monkeypatch.setattr(e2e, "run_engine", fake_run_engine)
+    monkeypatch.setattr(ge, "model_config", lambda path: {"vocab_size": 4096})
+    monkeypatch.setattr(ge, "eos_token_ids", lambda path: [2])
+    e2e.run_cases([named["treev2-auto-eagle-default"]], tmp_path, tmp_path, jobs=3, timeout=1, stagger_s=0,
+                  soak_requests=1, fa3=True, upstream_site="/site-0.5.13", upstream_fa3=True)
+    want = (str(tmp_path / "target"), str(tmp_path / "eagle"), "EAGLE")
+    assert seen == {"stock": want, "patched": want, "upstream": want}
+
+
 def test_a_mistyped_shard_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["--shard", "3/2", "--list"], ["--shard", "x", "--list"]):
         assert e2e.main(argv) == 2
@@ -894,13 +922,19 @@ def test_tree_cases_launch_the_auto_tree_against_stock_given_it_explicitly(tmp_p
     """The patched run names no steps / topk / draft tokens (SGLang auto-picks its tree); its
     stock oracle names the same tree, and the backend the auto launch ends up with."""
     cases = e2e.select_cases(None, groups=["tree"])
-    assert [c.name for c in cases] == ["tree-auto-eagle3-default", "tree-auto-eagle3-triton-graph-nopcg",
-                                       "tree-auto-eagle3-triton-eos", "tree-auto-eagle3-http-default"]
+    assert [c.name for c in cases] == ["tree-auto-eagle3-default", "tree-auto-eagle-default",
+                                       "tree-auto-eagle3-triton-graph-nopcg", "tree-auto-eagle3-triton-eos",
+                                       "tree-auto-eagle3-http-default"]
     spec_keys = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
     for case in cases:
-        assert case.spec_v1 and case.algorithm == "EAGLE3"
+        eagle1 = case.name == "tree-auto-eagle-default"
+        assert case.spec_v1 and case.algorithm == ("EAGLE" if eagle1 else "EAGLE3")
         patched = e2e.engine_kwargs(case, tmp_path)
         stock = e2e.engine_kwargs(case, tmp_path, stock=True)
+        # the Llama target on both sides; the EAGLE-1 case's draft is eagle/, not the MiMoV2 pair
+        draft = tmp_path / ("eagle" if eagle1 else "eagle3")
+        for kw in (patched, stock):
+            assert (kw["model_path"], kw["speculative_draft_model_path"]) == (str(tmp_path / "target"), str(draft))
         assert [patched[k] for k in spec_keys] == [None, None, None]
         assert [stock[k] for k in spec_keys] == [5, 4, 8]
         differ = {k for k in set(patched) | set(stock) if patched.get(k) != stock.get(k)}
@@ -964,12 +998,12 @@ def _tree(kw: dict[str, Any]) -> tuple[Any, ...]:
 def test_the_tree_v2_group_selects_exactly_the_new_cases() -> None:
     cases = e2e.select_cases(None, groups=["tree-v2"])
     assert [c.name for c in cases] == [c.name for c in e2e.tree_v2_cases()]
-    assert len(cases) == 17
+    assert len(cases) == 18
     assert [c.name for c in cases] == [c.name for c in e2e.all_cases() if c.name.startswith("treev2-")]
     assert all(c.tree_v2 and not c.spec_v1 and c.logprob_tol == e2e.TREE_V2_LOGPROB_TOL for c in cases)
     assert not any(c.tree_v2 for c in e2e.all_cases() if not c.name.startswith("treev2"))
     assert all(c.tree_v2 for c in e2e.tree_v2_det_cases())
-    # the old group keeps its four cases; no other group takes a treev2 case
+    # the old group keeps its own cases; no other group takes a treev2 case
     assert [c.name for c in e2e.select_cases(None, groups=["tree"])] == [c.name for c in e2e.tree_cases()]
     others = sorted(g for g in e2e.GROUPS if g not in ("tree-v2", "tree-v2-det"))
     assert not any(c.tree_v2 for c in e2e.select_cases(None, groups=others))
@@ -979,10 +1013,10 @@ def test_the_tree_v2_group_selects_exactly_the_new_cases() -> None:
     assert 'python3 scripts/gpu_e2e.py --models "$MODELS" --out "$OUT" "$@"' in sh and "--group tree-v2" in sh
 
 
-def test_tree_v2_list_prints_the_seventeen_cases(capsys: pytest.CaptureFixture[str]) -> None:
+def test_tree_v2_list_prints_the_eighteen_cases(capsys: pytest.CaptureFixture[str]) -> None:
     assert e2e.main(["--group", "tree-v2", "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 17 and all(ln.startswith("treev2-") for ln in lines)
+    assert len(lines) == 18 and all(ln.startswith("treev2-") for ln in lines)
 
 
 def test_tree_v2_cases_launch_the_intended_trees(tmp_path: Path) -> None:
@@ -996,9 +1030,13 @@ def test_tree_v2_cases_launch_the_intended_trees(tmp_path: Path) -> None:
             assert "page_size" not in patched and "page_size" not in stock  # SGLang's default: 1
         assert patched["disable_cuda_graph"] is stock["disable_cuda_graph"] is (not case.cuda_graph)
         assert patched["speculative_algorithm"] == case.algorithm
-        if name == "treev2-auto-eagle3-default":
+        if name in ("treev2-auto-eagle3-default", "treev2-auto-eagle-default"):
             # as tree-auto-eagle3-default: SGLang picks the tree (and FA3 + PCG); stock is given both
-            assert case.algorithm == "EAGLE3" and case.backend == "default" and case.pcg and case.needs_fa3
+            want = ("EAGLE3", "eagle3") if name.endswith("eagle3-default") else ("EAGLE", "eagle")
+            assert (case.algorithm, e2e.model_dirs(case)) == (want[0], ("target", want[1]))
+            assert case.backend == "default" and case.pcg and case.needs_fa3
+            assert patched["speculative_draft_model_path"] == stock["speculative_draft_model_path"] == str(
+                tmp_path / want[1])
             assert _tree(patched) == (None, None, None) and _tree(stock) == (5, 4, 8)
             assert "attention_backend" not in patched and stock["attention_backend"] == "fa3"
             assert "disable_piecewise_cuda_graph" not in patched and "disable_piecewise_cuda_graph" not in stock
@@ -1036,7 +1074,7 @@ def test_tree_v2_cases_launch_the_intended_trees(tmp_path: Path) -> None:
     assert [sc["name"] for sc in tree] == [sc["name"] for sc in matrix]
     assert all(sc.get("input_ids") == m.get("input_ids") for sc, m in zip(tree, matrix))
     assert all(sc["return_logprob"] and sc["top_logprobs_num"] >= 2 for sc in tree)
-    assert sum(c.profile == "tree" for c in cases.values()) == 14  # 10 at page size 1, 4 at page size 16
+    assert sum(c.profile == "tree" for c in cases.values()) == 15  # 11 at page size 1, 4 at page size 16
     assert all(c.upstream for c in cases.values()) and all(c.upstream for c in e2e.tree_v2_det_cases())
 
 
@@ -1154,11 +1192,16 @@ def test_tree_v2_checks_need_the_plugin_line_the_stock_line_and_the_same_tree() 
     assert _failing(case, stock, waited) == ["patched never waits on verify_done"]
 
 
-def test_tree_v2_auto_case_must_resolve_to_sglangs_tree_and_eagle3_has_no_accept_floor() -> None:
+def test_tree_v2_auto_cases_must_resolve_to_sglangs_tree_and_eagle3_has_no_accept_floor() -> None:
     auto = e2e.select_cases(["treev2-auto-eagle3-default"])[0]
     stock = _tree_run("off", _tree_eff((5, 4, 8), False, "fa3"), _tree_log("off", accepts=(1.02,)))
     good = _tree_run("strict", _tree_eff((5, 4, 8), True, "fa3"), _tree_log("strict", accepts=(1.02,)))
     assert _failing(auto, stock, good) == []  # EAGLE3's ~1 token a step is fine: no accept check
+    # the EAGLE-1 draft gets part of the tree accepted: the same floor as the STANDALONE draft
+    eagle1 = e2e.select_cases(["treev2-auto-eagle-default"])[0]
+    assert _failing(eagle1, stock, good) == ["patched mean accept length > 1.3"]
+    accepted = _tree_run("strict", _tree_eff((5, 4, 8), True, "fa3"), _tree_log("strict", accepts=(2.1, 1.9)))
+    assert _failing(eagle1, stock, accepted) == []
     assert "resolved tree (steps, topk, draft tokens) as asked on both sides" in _failing(
         auto, _tree_run("off", _tree_eff((3, 4, 16), False, "fa3"), _tree_log("off")),
         _tree_run("strict", _tree_eff((3, 4, 16), True, "fa3"), _tree_log("strict")))
@@ -1517,6 +1560,7 @@ def test_case_max_accept_is_the_case_steps_plus_one() -> None:
     assert e2e.case_max_accept(cases["treev2-eos-page16-standalone-fa3-3x4x16"]) == 4
     assert e2e.case_max_accept(cases["treev2-standalone-flashinfer-5x4x8-graph-nopcg"]) == 6
     assert e2e.case_max_accept(cases["treev2-auto-eagle3-default"]) == 6
+    assert e2e.case_max_accept(cases["treev2-auto-eagle-default"]) == 6
 
 
 def test_judge_rebuilds_the_adaptive_scenarios_of_an_older_saved_file() -> None:

@@ -18,7 +18,6 @@ host against SGLang 0.5.12.post1's own code, for the multi-layer EAGLE e2e cases
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,6 +26,9 @@ from typing import Any, Iterator
 import pytest
 import torch
 
+from sglang_cpu_support import (assert_close, assert_loaded, checkpoint, expected_params, server_args,
+                                sglang_loader, sglang_logits)
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
@@ -34,20 +36,12 @@ import gpu_e2e as e2e  # noqa: E402
 import gpu_engine as ge  # noqa: E402
 import make_tiny_models as mtm  # noqa: E402
 
-#: SGLang fuses these checkpoint tensors into one parameter, in this order.
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 MTP_OWN = ("enorm", "hnorm", "eh_proj", "final_layernorm")
 
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return ge.build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
-
-
-def _checkpoint(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(directory / "model.safetensors"))
 
 
 # ----------------------------------------------------------------------------- the factory
@@ -65,7 +59,7 @@ def test_factory_builds_the_mimov2_pair_bit_identically(models: dict[str, Path],
     assert "moe_layer_freq" not in tcfg and {0, 1} == set(tcfg["hybrid_layer_pattern"])  # dense, hybrid SWA
     assert dcfg["num_nextn_predict_layers"] >= ge.SPEC_STEPS["speculative_num_steps"]
     assert (tcfg["vocab_size"], ge.eos_token_ids(models["mimov2"])) == (4096, [2])  # as the Llama target's
-    target, draft = _checkpoint(models["mimov2"]), _checkpoint(models["mimov2-mtp"])
+    target, draft = checkpoint(models["mimov2"]), checkpoint(models["mimov2-mtp"])
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         assert torch.equal(target[name], draft[name])
 
@@ -74,67 +68,19 @@ def test_factory_builds_the_mimov2_pair_bit_identically(models: dict[str, Path],
 
 
 def _server_args(case: e2e.Case, models: dict[str, Path]) -> Any:
-    """SGLang's ``ServerArgs`` of an e2e case's Engine kwargs, on the CPU device (its
-    post-init writes a few ``SGLANG_*`` variables into the environment: put back)."""
-    from sglang.srt.server_args import ServerArgs
-
-    saved = dict(os.environ)
-    try:
-        return ServerArgs(**e2e.engine_kwargs(case, models["mimov2"].parent), device="cpu")
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    return server_args(e2e.engine_kwargs(case, models["mimov2"].parent))
 
 
 @pytest.fixture(scope="module")
 def sglang_cpu(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    """SGLang's model-parallel state on a single-rank gloo group, the global server args of the
-    proposed launch (Triton, CUDA graph off), and SGLang's loader for the two model dirs."""
-    import sglang.srt.layers.dp_attention as dp_attention
-    import sglang.srt.layers.rotary_embedding.base as rope_base
-    import sglang.srt.server_args as sa_mod
-    from sglang.srt.configs.device_config import DeviceConfig
-    from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.distributed import (destroy_distributed_environment, destroy_model_parallel,
-                                        init_distributed_environment, initialize_model_parallel)
-    from sglang.srt.model_loader import get_model
-
+    """The global server args of the proposed launch (Triton, CUDA graph off), the MiMoV2
+    target and its three MTP draft steps as SGLang's loader builds them."""
     case = next(c for c in e2e.multilayer_cases() if c.name == "mtp-triton-nograph-nopcg")
-    server_args = _server_args(case, models)
-    store = tmp_path_factory.mktemp("gloo") / "store"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sa_mod, "_global_server_args", server_args)
-        # RotaryEmbedding wants a native kernel on a host that is neither CUDA nor SGLang's CPU
-        # engine; the CPU engine's choice is the plain-torch forward.
-        mp.setattr(rope_base, "_is_cpu", True)
-        # initialize_dp_attention sets these; put them back afterwards
-        for name in ("_ATTN_DP_RANK", "_ATTN_DP_SIZE", "_LOCAL_ATTN_DP_SIZE", "_LOCAL_ATTN_DP_RANK",
-                     "_ENABLE_DP_ATTENTION_FLAG"):
-            mp.setattr(dp_attention, name, getattr(dp_attention, name))
-        for name in ("_hidden_size", "_dtype", "_device"):
-            mp.setattr(dp_attention._DpGatheredBufferWrapper, name,
-                       getattr(dp_attention._DpGatheredBufferWrapper, name, None), raising=False)
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{store}")
-        try:
-            initialize_model_parallel(1)
-            target_config = ModelConfig.from_server_args(server_args)
-            dp_attention.initialize_dp_attention(server_args, target_config)
-
-            def load(path: Path, draft_step: int | None = None) -> torch.nn.Module:
-                config = ModelConfig.from_server_args(server_args, model_path=str(path),
-                                                      is_draft_model=draft_step is not None)
-                return get_model(model_config=config, device_config=DeviceConfig("cpu"),
-                                 load_config=LoadConfig(load_format=server_args.load_format,
-                                                        draft_model_idx=draft_step))
-
-            steps = server_args.speculative_num_steps
-            yield SimpleNamespace(server_args=server_args, target=load(models["mimov2"]),
-                                  drafts=[load(models["mimov2-mtp"], k) for k in range(steps)])
-        finally:
-            destroy_model_parallel()
-            destroy_distributed_environment()
+    args = _server_args(case, models)
+    with sglang_loader(args, tmp_path_factory.mktemp("gloo") / "store") as load:
+        steps = args.speculative_num_steps
+        yield SimpleNamespace(server_args=args, target=load(models["mimov2"]),
+                              drafts=[load(models["mimov2-mtp"], draft_step=k) for k in range(steps)])
 
 
 def test_server_args_take_every_mtp_launch(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -164,33 +110,12 @@ def test_server_args_take_every_mtp_launch(models: dict[str, Path], monkeypatch:
     assert sa._get_default_attn_backend(use_mla_backend=False, model_config=target) == "fa3"
 
 
-def _expected(checkpoint: dict[str, torch.Tensor], source_of: dict[str, str]) -> dict[str, tuple[torch.Tensor, list[str]]]:
-    """Parameter -> (the value the checkpoint gives it, the checkpoint tensors it comes from).
-    ``source_of`` maps a parameter name to its unfused checkpoint name."""
-    out = {}
-    for param, src in source_of.items():
-        fused = next((f for f in FUSED if f".{f}." in src), None)
-        names = [src.replace(f".{fused}.", f".{part}.") for part in FUSED[fused]] if fused else [src]
-        out[param] = (torch.cat([checkpoint[n] for n in names]), names)
-    return out
-
-
-def _assert_loaded(model: torch.nn.Module, expected: dict[str, tuple[torch.Tensor, list[str]]]) -> set[str]:
-    params = dict(model.named_parameters())
-    assert set(params) == set(expected)
-    for name, (value, _) in expected.items():
-        assert params[name].dtype == torch.bfloat16 and torch.equal(params[name].detach(), value), name
-    # the only buffers are the rotary tables SGLang computes itself
-    assert all(n.endswith("rotary_emb.cos_sin_cache") for n, _ in model.named_buffers())
-    return {n for _, names in expected.values() for n in names}
-
-
 def test_sglang_loads_every_tensor_into_every_parameter(sglang_cpu: SimpleNamespace, models: dict[str, Path]) -> None:
-    target = _checkpoint(models["mimov2"])
-    used = _assert_loaded(sglang_cpu.target, _expected(target, {n: n for n, _ in sglang_cpu.target.named_parameters()}))
+    target = checkpoint(models["mimov2"])
+    used = assert_loaded(sglang_cpu.target, expected_params(target, {n: n for n, _ in sglang_cpu.target.named_parameters()}))
     assert used == set(target)
 
-    draft = _checkpoint(models["mimov2-mtp"])
+    draft = checkpoint(models["mimov2-mtp"])
     used = set()
     for step, model in enumerate(sglang_cpu.drafts):
         assert type(model).__name__ == "MiMoV2MTP"
@@ -201,52 +126,11 @@ def test_sglang_loads_every_tensor_into_every_parameter(sglang_cpu: SimpleNamesp
             source_of[name] = (layer + f"{own}.weight" if own
                                else name.replace("model.mtp_block.", layer) if name.startswith("model.mtp_block.")
                                else name)
-        used |= _assert_loaded(model, _expected(draft, source_of))
+        used |= assert_loaded(model, expected_params(draft, source_of))
     assert used == set(draft)  # every MTP layer went to its own draft step
 
 
 # ----------------------------------------------------------------------------- forward pass
-
-
-class StandInAttention:
-    """Causal attention over one sequence in plain torch, in place of the GPU attention backends
-    (sliding-window layers see their last ``sliding_window_size`` keys, as SGLang's Triton
-    backend does). Everything around it is SGLang's own module code."""
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, forward_batch: Any,
-                save_kv_cache: bool = True, sinks: torch.Tensor | None = None) -> torch.Tensor:
-        assert sinks is None  # the tiny model has no attention sinks
-        n, hq, hk = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num
-        q = q.view(n, hq, -1).float()
-        k = k.view(n, hk, -1).float().repeat_interleave(hq // hk, dim=1)
-        v = v.view(n, hk, -1).float().repeat_interleave(hq // hk, dim=1)
-        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-        allowed = j <= i
-        if layer.sliding_window_size and layer.sliding_window_size > 0:
-            allowed &= i - j < layer.sliding_window_size
-        scores = torch.einsum("qhd,khd->hqk", q, k) * layer.scaling
-        out = torch.einsum("hqk,khd->qhd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), v)
-        return out.reshape(n, -1).to(torch.bfloat16)
-
-
-def _sglang_logits(model: torch.nn.Module, ids: list[int], target_hidden: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and final hidden states of SGLang's model over one prefilled sequence."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    batch = SimpleNamespace(input_ids=torch.tensor(ids), forward_mode=ForwardMode.EXTEND, attn_backend=StandInAttention(),
-                            can_run_tbo=False, return_hidden_states_before_norm=False, attn_cp_metadata=None)
-    if target_hidden is not None:
-        batch.spec_info = SimpleNamespace(hidden_states=target_hidden)
-    with torch.no_grad():
-        hidden, _ = model.model(batch.input_ids, torch.arange(len(ids)), batch)
-    return hidden.float() @ model.lm_head.weight.float().T, hidden
-
-
-def _assert_close(sglang: torch.Tensor, reference: torch.Tensor) -> None:
-    """SGLang's bf16 logits against the fp32 reference: close, and mostly the same argmax."""
-    assert (sglang - reference).abs().max() <= 0.05 * reference.abs().max()
-    assert (sglang.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.9
 
 
 def test_sglang_forward_matches_the_reference_and_the_mtp_layers_agree_in_part(
@@ -261,18 +145,18 @@ def test_sglang_forward_matches_the_reference_and_the_mtp_layers_agree_in_part(
     for out in outputs:
         # a fixed prompt longer than the sliding window, then a continuation of the target's
         ids = list(range(3, 3 + 7 * 160, 7)) + out
-        logits, hidden = _sglang_logits(sglang_cpu.target, ids)
+        logits, hidden = sglang_logits(sglang_cpu.target, ids)
         ref_logits, ref_hidden = mtm.mimov2_reference(tcfg, tw, ids)
-        _assert_close(logits, ref_logits)
+        assert_close(logits, ref_logits)
         predicted = logits.argmax(-1)
         total += len(ids) - 40
         for step, draft in enumerate(sglang_cpu.drafts):
             # step k at position p reads token p + k + 1 and the target's hidden state at p and
             # guesses the target's prediction at p + k + 1
             shifted = ids[step + 1:]
-            mtp_logits, _ = _sglang_logits(draft, shifted, hidden[: len(shifted)])
+            mtp_logits, _ = sglang_logits(draft, shifted, hidden[: len(shifted)])
             ref_mtp = mtm.mtp_reference(dcfg, dw, step, shifted, ref_hidden[: len(shifted)])
-            _assert_close(mtp_logits, ref_mtp)
+            assert_close(mtp_logits, ref_mtp)
             guess = mtp_logits.argmax(-1)
             agree[step] += int((guess[40 - step - 1: len(ids) - step - 1] == predicted[40:]).sum())
     rates = [a / total for a in agree]
