@@ -42,6 +42,10 @@ sys.path.insert(0, str(HERE))
 
 import gpu_engine as ge  # noqa: E402  (server readiness, GPU name)
 
+PROBE_DIR = HERE / "gpu_probe"
+sys.path.insert(0, str(PROBE_DIR))
+import sched_timeline  # noqa: E402  (pure helpers; the probe itself loads in the server)
+
 #: bench_serving imports ``datasets`` at module level; the GPU box has none (offline datasets only).
 DATASETS_STAND_IN = ROOT / "tests" / "gpu" / "kits" / "stand_ins"
 BACKENDS = {"default": (), "triton": ("--attention-backend", "triton"),
@@ -120,6 +124,14 @@ def cell_values(bench: dict[str, Any], occ: float | None) -> dict[str, Any]:
     return out
 
 
+def flat_cell(vals: dict[str, Any]) -> dict[str, Any]:
+    """A cell's values with the scheduler split (``sched``, a dict) as ``sched_<key>`` entries."""
+    out = {k: v for k, v in vals.items() if k != "sched"}
+    for k, v in (vals.get("sched") or {}).items():
+        out[f"sched_{k}"] = v
+    return out
+
+
 def spread(values: Sequence[float | None]) -> dict[str, Any] | None:
     vals = [v for v in values if v is not None]
     if not vals:
@@ -134,7 +146,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for run in runs:
         for c, vals in run["cells"].items():
             slot = cells.setdefault(run["variant"], {}).setdefault(int(c), {})
-            for k, v in vals.items():
+            for k, v in flat_cell(vals).items():
                 slot.setdefault(k, []).append(v)
     summary: dict[str, Any] = {"variants": {}, "ratio": {}}
     for variant, by_c in cells.items():
@@ -172,6 +184,31 @@ def format_table(summary: dict[str, Any]) -> str:
         fmt = lambda pair, spec: " / ".join("-" if v is None else format(v, spec) for v in pair)  # noqa: E731
         lines.append(f"| {c} | " + " | ".join(cells) + f" | {fmt(acc, '.2f')} | {fmt(occ, '.1f')}% |")
     return "\n".join(lines)
+
+
+SCHED_COLS = (("sched_total_ms", "received -> first tokens sent"), ("sched_queue_ms", "queue"),
+              ("sched_launch_ms", "prefill launch"), ("sched_between_ms", "launch end -> processing"),
+              ("sched_next_launch_ms", "next batch launch"), ("sched_process_ms", "processing"),
+              ("sched_decode_launch_ms", "decode launch"))
+
+
+def format_sched_table(summary: dict[str, Any]) -> str:
+    """Markdown: the scheduler's part of TTFT per concurrency (``--timeline``), stock -> patched
+    medians over boots, ms; empty when no run has it."""
+    stock, patched = summary["variants"].get("stock", {}), summary["variants"].get("patched", {})
+    rows = []
+    for c in sorted(set(stock) & set(patched)):
+        if not any((stock[c].get(k) or patched[c].get(k)) for k, _ in SCHED_COLS):
+            continue
+        cells = []
+        for k, _ in SCHED_COLS:
+            s, p = ((d.get(k) or {}).get("median") for d in (stock[c], patched[c]))
+            cells.append("-" if s is None or p is None else f"{s:.2f} -> {p:.2f}")
+        rows.append(f"| {c} | " + " | ".join(cells) + " |")
+    if not rows:
+        return ""
+    head = "| conc | " + " | ".join(name for _, name in SCHED_COLS) + " |"
+    return "\n".join([head, "|" + "---|" * (len(SCHED_COLS) + 1), *rows])
 
 
 def worse_cells(summary: dict[str, Any], tolerance: float = 0.03) -> list[str]:
@@ -220,11 +257,14 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
     env = dict(os.environ, SGLANG_FUTUREMAP_PATCH=MODES[variant], SGLANG_ENABLE_METRICS_DEVICE_TIMER="1",
                PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([str(DATASETS_STAND_IN), env.get("PYTHONPATH", "")])
+    timeline_dir = args.out / "timeline" / tag if args.timeline else None
     argv = server_argv(target, draft, args.backend, port, args.server_arg)
     run: dict[str, Any] = {"variant": variant, "boot": boot, "cells": {}, "error": None}
+    windows: dict[int, tuple[float, float]] = {}
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=server_env(env, timeline_dir),
+                                start_new_session=True)
     try:
         # /health_generate: ready once the model has generated, not just once the port is open.
         not_ready = ge.wait_until_ready(proc, f"http://127.0.0.1:{port}/health_generate", deadline, poll_s=2)
@@ -246,6 +286,7 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
             out_file.parent.mkdir(parents=True, exist_ok=True)
             mark = log_path.stat().st_size
             prompts = num_prompts(c, args.rounds, args.min_prompts)
+            t_cell = time.time()
             bench = subprocess.run(bench_argv(target, port, c, prompts, out_file, args), env=env,
                                    capture_output=True, text=True, timeout=max(60, deadline - time.monotonic()))
             if bench.returncode != 0 or not out_file.exists():
@@ -256,13 +297,38 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
                 window = f.read()
             result = json.loads(out_file.read_text().strip().splitlines()[-1])
             run["cells"][c] = cell_values(result, occupancy(window))
+            windows[c] = (t_cell, time.time())
             print(f"   {tag} c={c}: TTFT p50 {result.get('median_ttft_ms'):.1f} ms, TPOT p50 "
                   f"{result.get('median_tpot_ms'):.2f} ms, {result.get('output_throughput'):.0f} tok/s", flush=True)
     except subprocess.TimeoutExpired:
         run["error"] = "bench_serving cut off by --budget"
     finally:
+        if timeline_dir is not None:
+            time.sleep(2 * sched_timeline.FLUSH_S)  # the scheduler's last flush
         stop_group(proc)
+    if timeline_dir is not None:
+        add_sched_breakdown(run, timeline_dir, windows)
     return run
+
+
+def server_env(env: dict[str, str], timeline_dir: Path | None) -> dict[str, str]:
+    """The server's environment: with ``timeline_dir``, the scheduler timeline probe
+    (``scripts/gpu_probe/sched_timeline.py``) writes there."""
+    if timeline_dir is None:
+        return env
+    return dict(env, PYTHONPATH=os.pathsep.join([str(PROBE_DIR), env.get("PYTHONPATH", "")]),
+                SMOKE_PROBE_DIR=str(timeline_dir), SMOKE_SCHED_TIMELINE="1", SMOKE_PROBE_PLUGIN_LOG="0")
+
+
+def add_sched_breakdown(run: dict[str, Any], timeline_dir: Path, windows: dict[int, tuple[float, float]]) -> None:
+    """Each cell's scheduler-side TTFT split (``sched_timeline.ttft_breakdown``) into ``run``."""
+    files = sorted(str(p) for p in timeline_dir.glob("timeline-*.json"))
+    if not files:
+        run["timeline_error"] = "no timeline file (the probe did not load in the scheduler)"
+        return
+    events = sched_timeline.load_events(files)
+    for c, (lo, hi) in windows.items():
+        run["cells"][c]["sched"] = sched_timeline.ttft_breakdown(events, lo, hi)
 
 
 def environment(args: argparse.Namespace) -> dict[str, Any]:
@@ -292,6 +358,10 @@ def merge(paths: Sequence[Path]) -> str:
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
              "Latency cells more than 3% worse patched: " + ("; ".join(worse) if worse else "none")]
+    sched = format_sched_table(summary)
+    if sched:
+        lines += ["", "Inside the scheduler (`--timeline`; ms, median over requests, then over boots; a prefill's "
+                  "first tokens leave at the end of its result processing):", "", sched]
     return "\n".join(lines) + "\n"
 
 
@@ -313,6 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=540, help="seconds for the whole run; a cut-off is recorded")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--port", type=int, default=31200)
+    p.add_argument("--timeline", action="store_true",
+                   help="record the scheduler timeline (scripts/gpu_probe/sched_timeline.py) and split each "
+                        "cell's TTFT inside the scheduler (cells' 'sched'); both sides alike")
     p.add_argument("--merge", nargs="+", type=Path, help="print the summary of these records instead")
     args = p.parse_args(argv)
     if args.merge:

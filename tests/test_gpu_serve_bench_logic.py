@@ -125,3 +125,94 @@ def test_wait_until_ready_says_why_a_server_never_answered(tmp_path: Path) -> No
     gone.wait()
     assert ge.wait_until_ready(gone, "http://127.0.0.1:1/", time.monotonic() + 10) == (
         "exited with 3 before it was ready")
+
+
+# ----------------------------------------------------------------------------- the scheduler timeline
+
+sys.path.insert(0, str(SCRIPTS / "gpu_probe"))
+import sched_timeline as st  # noqa: E402
+
+
+def test_timeline_probe_wraps_the_methods_sglangs_scheduler_has(sglang_loaded, tmp_path: Path) -> None:
+    """The probe wraps three Scheduler methods by name: SGLang 0.5.12.post1's Scheduler has them,
+    and on a stand-in class the wrappers record recv / run / proc events with the batch's
+    forward mode and a prefill's request ids, then write them to disk."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler import Scheduler as Real
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    for name in ("process_input_requests", "run_batch", "process_batch_result"):
+        assert callable(getattr(Real, name)), name
+
+    calls = []
+
+    class Scheduler:
+        def process_input_requests(self, recv_reqs):
+            calls.append(("in", len(recv_reqs)))
+
+        def run_batch(self, batch):
+            calls.append(("run", batch.forward_mode.name))
+            return "result"
+
+        def process_batch_result(self, batch, result):
+            calls.append(("proc", result))
+
+    tl = st.Timeline(str(tmp_path))
+    sched = Scheduler()
+    tl.on_run_batch(SimpleNamespace(f_locals={"self": object()}))  # not a Scheduler: nothing
+    assert not tl.installed
+    tl.on_run_batch(SimpleNamespace(f_locals={"self": sched}))
+    assert tl.installed
+    prefill = SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")])
+    decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, reqs=prefill.reqs)
+    sched.process_input_requests([SimpleNamespace(rid="a"), SimpleNamespace(rid="b")])
+    assert sched.run_batch(prefill) == "result"
+    sched.run_batch(decode)
+    sched.process_batch_result(prefill, "r")
+    assert calls == [("in", 2), ("run", "EXTEND"), ("run", "DECODE"), ("proc", "r")]  # delegated
+    assert [e["kind"] for e in tl.events] == ["recv", "recv", "run", "run", "proc"]
+    assert tl.events[2]["rids"] == ["a", "b"] and "rids" not in tl.events[3]
+    tl.flush()
+    events = st.load_events([str(p) for p in tmp_path.glob("timeline-*.json")])
+    split = st.ttft_breakdown(events)
+    assert split["requests"] == 2 and split["total_ms"] >= split["between_ms"] >= split["next_launch_ms"] >= 0
+
+
+def test_ttft_breakdown_splits_the_schedulers_part_of_ttft() -> None:
+    """Two requests arrive at t=0; their prefill is launched at 1 ms (1 ms to launch), the next
+    decode's launch takes 5 ms, then the prefill's result is processed (0.5 ms): queue 1, launch
+    1, between 5.x, total 7.5 ms. A request outside the window is left out."""
+    ms = 1e-3
+    events = [
+        {"kind": "recv", "t": 0.0, "rid": "a"}, {"kind": "recv", "t": 0.0, "rid": "b"},
+        {"kind": "run", "t": 1 * ms, "t0": 1 * ms, "t1": 2 * ms, "mode": "EXTEND", "bs": 2, "rids": ["a", "b"]},
+        {"kind": "run", "t": 2 * ms, "t0": 2 * ms, "t1": 7 * ms, "mode": "DECODE", "bs": 2},
+        {"kind": "proc", "t": 7 * ms, "t0": 7 * ms, "t1": 7.5 * ms, "mode": "EXTEND", "bs": 2},
+        {"kind": "recv", "t": 10.0, "rid": "late"},
+        {"kind": "run", "t": 10.001, "t0": 10.001, "t1": 10.002, "mode": "EXTEND", "bs": 1, "rids": ["late"]},
+        {"kind": "proc", "t": 10.003, "t0": 10.003, "t1": 10.004, "mode": "EXTEND", "bs": 1},
+    ]
+    split = st.ttft_breakdown(events, 0.0, 1.0)
+    assert split["requests"] == 2
+    assert split["queue_ms"] == pytest.approx(1.0) and split["launch_ms"] == pytest.approx(1.0)
+    assert split["between_ms"] == pytest.approx(5.0) and split["next_launch_ms"] == pytest.approx(5.0)
+    assert split["process_ms"] == pytest.approx(0.5) and split["total_ms"] == pytest.approx(7.5)
+    assert split["decode_launch_ms"] == pytest.approx(5.0)
+    assert st.ttft_breakdown(events)["requests"] == 3
+
+
+def test_summary_carries_the_schedulers_split_per_cell() -> None:
+    def run(variant: str, total: float) -> dict:
+        return {"variant": variant, "cells": {"1": {"median_ttft_ms": total, "sched": {"total_ms": total, "between_ms": 1.0}}}}
+
+    summary = sb.summarize([run("stock", 10.0), run("patched", 12.0)])
+    assert summary["variants"]["patched"][1]["sched_total_ms"]["median"] == 12.0
+    table = sb.format_sched_table(summary)
+    assert "| 1 | 10.00 -> 12.00 |" in table
+    assert sb.format_sched_table(sb.summarize([{"variant": "stock", "cells": {"1": {"median_ttft_ms": 1.0}}},
+                                               {"variant": "patched", "cells": {"1": {"median_ttft_ms": 1.0}}}])) == ""
+    env = {"PYTHONPATH": "x"}
+    assert sb.server_env(env, None) is env
+    probe = sb.server_env(env, Path("/tmp/tl"))
+    assert probe["SMOKE_SCHED_TIMELINE"] == "1" and probe["PYTHONPATH"].startswith(str(sb.PROBE_DIR))

@@ -19,6 +19,9 @@ Inactive unless ``SMOKE_PROBE_DIR`` is set. When active it
   torch's sync entry points in the scheduler process only (see that module);
 * with ``SMOKE_HOST_PROFILE=1``, loads ``host_profile.py`` from this folder: a cProfile of
   the scheduler loop per benchmark phase (see that module);
+* with ``SMOKE_SCHED_TIMELINE=1``, loads ``sched_timeline.py`` from this folder: launch and
+  result-processing times of every batch and the arrival of every request, in the scheduler
+  process (the serving benchmark's ``--timeline``);
 * unless ``SMOKE_PROBE_PLUGIN_LOG=0``, gives the ``sglang_futuremap_patch`` logger its own
   stderr handler whose format carries the level and pid, so the plugin's startup line has
   a parseable level even in a scheduler process where SGLang has not configured logging
@@ -52,7 +55,8 @@ def _install() -> None:
     hooks: dict = {}  # co_name -> [fn(frame)]: called with the frame of every call of such a function
 
     # Optional probes of this folder, each switched on by its variable; they hook calls by name.
-    for env_name, module_name in (("SMOKE_SYNC_PROBE", "smoke_sync_probe"), ("SMOKE_HOST_PROFILE", "host_profile")):
+    for env_name, module_name in (("SMOKE_SYNC_PROBE", "smoke_sync_probe"), ("SMOKE_HOST_PROFILE", "host_profile"),
+                                  ("SMOKE_SCHED_TIMELINE", "sched_timeline")):
         if os.environ.get(env_name) != "1":
             continue
         import importlib.util

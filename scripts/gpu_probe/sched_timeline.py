@@ -1,0 +1,204 @@
+"""Scheduler timeline for the serving benchmark (``gpu_serve_bench.py --timeline``): where a
+request's time to first token goes inside the scheduler.
+
+Loaded by this folder's ``sitecustomize`` only when ``SMOKE_PROBE_DIR`` is set and
+``SMOKE_SCHED_TIMELINE=1``. It changes nothing until the first call of a ``run_batch`` whose
+``self`` is a ``Scheduler``; then, in that process only, it wraps on the class
+
+* ``process_input_requests``: one ``recv`` event per request it receives (its ``rid``);
+* ``run_batch``: one ``run`` event per launched batch (start, end, forward mode, batch size,
+  and for a prefill the ``rid`` of every request in it);
+* ``process_batch_result``: one ``proc`` event per processed result (start, end, forward
+  mode, batch size). A prefill's first tokens leave for the detokenizer at the end of it.
+
+Times are ``time.time()`` so the benchmark can cut the events into its cells by wall clock. The
+events go to ``timeline-<pid>.json`` in ``SMOKE_PROBE_DIR`` from a daemon thread every half
+second (SGLang SIGKILLs its scheduler at shutdown). The wrappers cost a few microseconds per
+call; the benchmark runs them on both sides alike.
+
+:func:`ttft_breakdown` (pure, also used by the benchmark) splits each request's scheduler-side
+TTFT: received -> its prefill launched (queue), the prefill's ``run_batch``, the prefill's end
+of launch -> start of its result processing (the batch launched in between: in the overlap
+loop the next batch is launched before the previous result is processed), and the processing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+from typing import Any, Iterable, Sequence
+
+FLUSH_S = 0.5
+MAX_EVENTS = 400_000
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def _mode_is_extend(mode: str) -> bool:
+    return mode in ("EXTEND", "MIXED", "SPLIT_PREFILL", "DRAFT_EXTEND", "TARGET_VERIFY_EXTEND")
+
+
+def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf"),
+                   t_hi: float = float("inf")) -> dict[str, Any]:
+    """Per request received in ``[t_lo, t_hi)``: the scheduler's part of its TTFT, split.
+
+    Returns medians (ms) over those requests of ``queue`` (received -> its prefill's launch
+    started), ``launch`` (the prefill's ``run_batch``), ``between`` (the prefill's launch ended ->
+    its result's processing started: the next batch's launch, in the overlap loop), ``process``
+    (the processing of the prefill's result) and ``total`` (received -> processed), plus the
+    median ``run_batch`` time of the batch launched right after each prefill (``next_launch``)
+    and of decode batches in the window (``decode_launch``)."""
+    runs = [e for e in events if e["kind"] == "run"]
+    procs = [e for e in events if e["kind"] == "proc"]
+    recv = {e["rid"]: e["t"] for e in events if e["kind"] == "recv" and t_lo <= e["t"] < t_hi}
+    parts: dict[str, list[float]] = {k: [] for k in ("queue", "launch", "between", "process", "total", "next_launch")}
+    proc_i = 0
+    for i, run in enumerate(runs):
+        if not _mode_is_extend(run["mode"]):
+            continue
+        rids = [r for r in run.get("rids") or () if r in recv]
+        if not rids:
+            continue
+        # The first result processing of this batch: the first proc of an extend batch of the
+        # same size that starts after this launch ended.
+        while proc_i < len(procs) and procs[proc_i]["t0"] < run["t1"]:
+            proc_i += 1
+        proc = next((p for p in procs[proc_i:] if _mode_is_extend(p["mode"]) and p["bs"] == run["bs"]), None)
+        if proc is None:
+            continue
+        nxt = runs[i + 1] if i + 1 < len(runs) and runs[i + 1]["t0"] < proc["t0"] else None
+        for rid in rids:
+            parts["queue"].append(run["t0"] - recv[rid])
+            parts["launch"].append(run["t1"] - run["t0"])
+            parts["between"].append(proc["t0"] - run["t1"])
+            parts["process"].append(proc["t1"] - proc["t0"])
+            parts["total"].append(proc["t1"] - recv[rid])
+            if nxt is not None:
+                parts["next_launch"].append(nxt["t1"] - nxt["t0"])
+    decode = [r["t1"] - r["t0"] for r in runs if r["mode"] == "DECODE" and t_lo <= r["t0"] < t_hi]
+    out: dict[str, Any] = {"requests": len(parts["total"])}
+    for k, v in parts.items():
+        out[k + "_ms"] = round(statistics.median(v) * 1e3, 3) if v else None
+    out["decode_launch_ms"] = round(statistics.median(decode) * 1e3, 3) if decode else None
+    return out
+
+
+def load_events(paths: Iterable[str]) -> list[dict[str, Any]]:
+    """The events of every timeline file (one per scheduler process), in time order."""
+    events: list[dict[str, Any]] = []
+    for path in paths:
+        with open(path) as f:
+            events.extend(json.load(f).get("events", []))
+    events.sort(key=lambda e: e.get("t", e.get("t0", 0.0)))
+    return events
+
+
+# ----------------------------------------------------------------------------- in the scheduler
+
+
+class Timeline:
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+        self.events: list[dict[str, Any]] = []
+        self.installed = False
+        self.errors: list[str] = []
+        self.written = -1
+        self.lock = threading.Lock()
+
+    def on_run_batch(self, frame) -> None:
+        """sitecustomize hook (a PY_START callback): install on the first Scheduler.run_batch."""
+        if self.installed:
+            return
+        owner = frame.f_locals.get("self")
+        if owner is None or not any(c.__name__ == "Scheduler" for c in type(owner).__mro__):
+            return
+        try:
+            self.install(type(owner))
+        except Exception as exc:  # never break the scheduler over a probe
+            self.errors.append(f"install: {exc!r}")
+
+    def add(self, event: dict[str, Any]) -> None:
+        if len(self.events) < MAX_EVENTS:
+            self.events.append(event)
+
+    def install(self, sched_cls: type) -> None:
+        self.installed = True
+        tl = self
+        orig_input = sched_cls.process_input_requests
+        orig_run = sched_cls.run_batch
+        orig_proc = sched_cls.process_batch_result
+
+        def _mode(batch: Any) -> str:
+            fm = getattr(batch, "forward_mode", None)
+            return getattr(fm, "name", None) or "NONE"
+
+        def process_input_requests(self, recv_reqs, *a, **k):
+            t = time.time()
+            for req in recv_reqs or ():
+                rid = getattr(req, "rid", None)
+                if isinstance(rid, str):
+                    tl.add({"kind": "recv", "t": t, "rid": rid})
+            return orig_input(self, recv_reqs, *a, **k)
+
+        def run_batch(self, batch, *a, **k):
+            t0 = time.time()
+            try:
+                return orig_run(self, batch, *a, **k)
+            finally:
+                mode = _mode(batch)
+                ev = {"kind": "run", "t": t0, "t0": t0, "t1": time.time(), "mode": mode,
+                      "bs": len(getattr(batch, "reqs", ()) or ())}
+                if _mode_is_extend(mode):
+                    ev["rids"] = [r.rid for r in batch.reqs]
+                tl.add(ev)
+
+        def process_batch_result(self, batch, *a, **k):
+            t0 = time.time()
+            try:
+                return orig_proc(self, batch, *a, **k)
+            finally:
+                tl.add({"kind": "proc", "t": t0, "t0": t0, "t1": time.time(), "mode": _mode(batch),
+                        "bs": len(getattr(batch, "reqs", ()) or ())})
+
+        for new, orig in ((process_input_requests, orig_input), (run_batch, orig_run),
+                          (process_batch_result, orig_proc)):
+            new.__wrapped__ = orig  # type: ignore[attr-defined]
+            new.__qualname__ = f"sched_timeline.{orig.__name__}"
+        sched_cls.process_input_requests = process_input_requests
+        sched_cls.run_batch = run_batch
+        sched_cls.process_batch_result = process_batch_result
+        threading.Thread(target=self._ticker, name="sched-timeline", daemon=True).start()
+
+    def _ticker(self) -> None:
+        while True:
+            time.sleep(FLUSH_S)
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            n = len(self.events)
+            if n == self.written:
+                return
+            doc = {"pid": os.getpid(), "errors": self.errors, "events": self.events[:n]}
+            path = os.path.join(self.out_dir, f"timeline-{os.getpid()}.json")
+            try:
+                os.makedirs(self.out_dir, exist_ok=True)
+                with open(path + ".tmp", "w") as f:
+                    json.dump(doc, f)
+                os.replace(path + ".tmp", path)
+                self.written = n
+            except OSError:
+                pass
+
+
+def install_from_env(register) -> None:
+    """sitecustomize entry: ``register(function_name, hook(frame))``."""
+    out_dir = os.environ.get("SMOKE_PROBE_DIR")
+    if not out_dir:
+        return
+    timeline = Timeline(out_dir)
+    register("run_batch", timeline.on_run_batch)
