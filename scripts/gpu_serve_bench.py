@@ -128,7 +128,8 @@ def flat_cell(vals: dict[str, Any]) -> dict[str, Any]:
     """A cell's values with the scheduler split (``sched``, a dict) as ``sched_<key>`` entries."""
     out = {k: v for k, v in vals.items() if k != "sched"}
     for k, v in (vals.get("sched") or {}).items():
-        out[f"sched_{k}"] = v
+        if not isinstance(v, dict):  # per-site waits stay in the record only
+            out[f"sched_{k}"] = v
     return out
 
 

@@ -165,8 +165,14 @@ class Backport:
     patch_file: str
     targets: tuple[Target, ...]
     summary: str = ""
-    #: First SGLang release that ships the upstream change (the patch's Applied-Upstream).
-    applied_upstream: str = "0.5.13"
+    #: First SGLang release that ships the upstream change (the patch's Applied-Upstream);
+    #: None for a change no SGLang release carries (this series' own, beyond upstream).
+    applied_upstream: str | None = "0.5.13"
+
+    @property
+    def upstream_trailer(self) -> str:
+        """The patch header's ``Applied-Upstream`` value."""
+        return f"v{self.applied_upstream}" if self.applied_upstream else "none (beyond upstream)"
 
     @property
     def pr_list(self) -> str:

@@ -527,7 +527,7 @@ def commit_message(bp: Backport, date: str, series: Sequence[Backport]) -> str:
         body.append(_prose(f'This patch depends on patch {n}/{len(series)} ("{series[n - 1].title}").'))
     trailers = [f"Origin: backport, {PR_URL.format(pr)}" for pr in bp.upstream_prs]
     trailers += [
-        f"Applied-Upstream: v{bp.applied_upstream}",
+        f"Applied-Upstream: {bp.upstream_trailer}",
         f"Last-Update: {date}",
         f"Plugin-Module: {_plugin_module_path(bp)}",
     ]
@@ -547,7 +547,8 @@ def _cover_letter(series: Sequence[Backport], version: str) -> tuple[str, str]:
         "what upstream did after v0.5.13 to make the default configurations (piecewise CUDA "
         "graph, FA3) free of the host sync too; each patch names the first release that has "
         "it (Applied-Upstream, also listed below). Drop the series when moving to "
-        f"v{max((bp.applied_upstream for bp in series), key=Version)} or later."
+        f"v{max((bp.applied_upstream for bp in series if bp.applied_upstream), key=Version)} or later "
+        "(a patch marked beyond upstream goes with the patch it names as its base)."
     )
     how = "\n".join([
         "How to apply",
@@ -575,7 +576,7 @@ def _cover_letter(series: Sequence[Backport], version: str) -> tuple[str, str]:
         f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}".rstrip() for r in rows
     )
     patches = "\n".join(
-        f"  {i:04d}  {bp.title}\n        {name}\n        upstream since v{bp.applied_upstream}"
+        f"  {i:04d}  {bp.title}\n        {name}\n        upstream since {bp.upstream_trailer}"
         for i, (bp, name) in enumerate(zip(series, names), 1)
     )
     all_prs = sorted({pr for bp in series for pr in bp.upstream_prs})

@@ -216,3 +216,17 @@ def test_summary_carries_the_schedulers_split_per_cell() -> None:
     assert sb.server_env(env, None) is env
     probe = sb.server_env(env, Path("/tmp/tl"))
     assert probe["SMOKE_SCHED_TIMELINE"] == "1" and probe["PYTHONPATH"].startswith(str(sb.PROBE_DIR))
+
+
+def test_ttft_breakdown_names_where_the_launch_after_a_prefill_waited() -> None:
+    ms = 1e-3
+    events = [
+        {"kind": "recv", "t": 0.0, "rid": "a"},
+        {"kind": "run", "t": 1 * ms, "t0": 1 * ms, "t1": 2 * ms, "mode": "EXTEND", "bs": 1, "rids": ["a"]},
+        {"kind": "run", "t": 2 * ms, "t0": 2 * ms, "t1": 9 * ms, "mode": "DECODE", "bs": 1},
+        {"kind": "sync", "t": 3 * ms, "t0": 3 * ms, "t1": 7 * ms, "what": "synchronize", "where": "w.py:1 f"},
+        {"kind": "sync", "t": 9.5 * ms, "t0": 9.5 * ms, "t1": 9.9 * ms, "what": "item", "where": "x.py:2 g"},
+        {"kind": "proc", "t": 9 * ms, "t0": 9 * ms, "t1": 10 * ms, "mode": "EXTEND", "bs": 1},
+    ]
+    waits = st.ttft_breakdown(events)["next_launch_waits_ms"]
+    assert waits == {"synchronize @ w.py:1 f": pytest.approx(4.0)}  # the one inside the decode's launch

@@ -228,7 +228,7 @@ def test_patch_headers(series, patch_files):
         origins = [f"Origin: backport, {PR_URL.format(pr)}" for pr in bp.upstream_prs]
         module = series_tools.backport_module(bp).__name__.replace(".", "/") + ".py"
         assert trailers == origins + [
-            f"Applied-Upstream: v{bp.applied_upstream}",
+            f"Applied-Upstream: {bp.upstream_trailer}",
             f"Last-Update: {date}",
             f"Plugin-Module: {module}",
         ], patch.name

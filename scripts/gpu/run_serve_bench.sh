@@ -11,7 +11,8 @@
 #
 # The default backend (none named: FA3 + piecewise CUDA graph on Hopper) needs FA3 staged first
 # (../shared/gpu/README.md). One stock/patched pair with 5 concurrencies takes ~8 min on an H100.
-# Results under ${OUT:-./gpu-out}: serve-bench.json, serve-bench.md, serve-logs.tar.gz (logs/, bench/). Join the
+# Results under ${OUT:-./gpu-out}: serve-bench.json, serve-bench.md, serve-logs.tar.gz (logs/, bench/, and
+# timeline/ with --timeline). Join the
 # records of several calls on your machine:
 #   python3 scripts/gpu_serve_bench.py --merge a/serve-bench.json b/serve-bench.json > results/serve-bench/README.md
 set -uo pipefail
@@ -31,5 +32,5 @@ gpu_install_plugin "${SERVE_SKIP_INSTALL:-0}" > "$OUT/setup.log" 2>&1 || { cat "
 python3 scripts/gpu_serve_bench.py --out "$OUT" "$@"
 rc=$?
 # One archive for the server logs and bench_serving's JSONL files (fewer files to bring back).
-(cd "$OUT" && tar czf serve-logs.tar.gz logs bench 2>/dev/null && rm -rf logs bench models)
+(cd "$OUT" && tar czf serve-logs.tar.gz logs bench $(test -d timeline && echo timeline) 2>/dev/null && rm -rf logs bench timeline models)
 exit $rc

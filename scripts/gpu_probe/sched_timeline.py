@@ -9,7 +9,12 @@ Loaded by this folder's ``sitecustomize`` only when ``SMOKE_PROBE_DIR`` is set a
 * ``run_batch``: one ``run`` event per launched batch (start, end, forward mode, batch size,
   and for a prefill the ``rid`` of every request in it);
 * ``process_batch_result``: one ``proc`` event per processed result (start, end, forward
-  mode, batch size). A prefill's first tokens leave for the detokenizer at the end of it.
+  mode, batch size). A prefill's first tokens leave for the detokenizer at the end of it;
+
+and, on the scheduler thread only, torch's host-blocking entry points (``Tensor.item``,
+``.tolist``, ``.cpu``, ``Event.synchronize``, ``Stream.synchronize``, ``torch.cuda.synchronize``):
+one ``sync`` event per call that blocked longer than ``SYNC_MIN_S``, with the calling
+function (file:line name), so a long launch shows where it waited.
 
 Times are ``time.time()`` so the benchmark can cut the events into its cells by wall clock. The
 events go to ``timeline-<pid>.json`` in ``SMOKE_PROBE_DIR`` from a daemon thread every half
@@ -33,6 +38,7 @@ from typing import Any, Iterable, Sequence
 
 FLUSH_S = 0.5
 MAX_EVENTS = 400_000
+SYNC_MIN_S = 3e-4
 
 
 # ----------------------------------------------------------------------------- pure helpers
@@ -80,10 +86,24 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
             if nxt is not None:
                 parts["next_launch"].append(nxt["t1"] - nxt["t0"])
     decode = [r["t1"] - r["t0"] for r in runs if r["mode"] == "DECODE" and t_lo <= r["t0"] < t_hi]
+    # Where the launch right after a prefill waited: its syncs, summed per call site.
+    syncs = [e for e in events if e["kind"] == "sync"]
+    waits: dict[str, float] = {}
+    for i, run in enumerate(runs):
+        if not (_mode_is_extend(run["mode"]) and t_lo <= run["t0"] < t_hi) or i + 1 >= len(runs):
+            continue
+        nxt = runs[i + 1]
+        for e in syncs:
+            if nxt["t0"] <= e["t0"] < nxt["t1"]:
+                key = f'{e["what"]} @ {e["where"]}'
+                waits[key] = waits.get(key, 0.0) + (e["t1"] - e["t0"])
+    n_prefills = sum(1 for r in runs if _mode_is_extend(r["mode"]) and t_lo <= r["t0"] < t_hi) or 1
     out: dict[str, Any] = {"requests": len(parts["total"])}
     for k, v in parts.items():
         out[k + "_ms"] = round(statistics.median(v) * 1e3, 3) if v else None
     out["decode_launch_ms"] = round(statistics.median(decode) * 1e3, 3) if decode else None
+    out["next_launch_waits_ms"] = {k: round(v * 1e3 / n_prefills, 3)
+                                   for k, v in sorted(waits.items(), key=lambda kv: -kv[1])[:6]}
     return out
 
 
@@ -171,7 +191,43 @@ class Timeline:
         sched_cls.process_input_requests = process_input_requests
         sched_cls.run_batch = run_batch
         sched_cls.process_batch_result = process_batch_result
+        self._wrap_syncs(threading.get_ident())
         threading.Thread(target=self._ticker, name="sched-timeline", daemon=True).start()
+
+    def _wrap_syncs(self, tid: int) -> None:
+        import sys
+
+        import torch
+
+        tl = self
+
+        def wrap(owner: Any, name: str) -> None:
+            orig = getattr(owner, name, None)
+            if orig is None:
+                return
+
+            def timed(*a, **k):
+                if threading.get_ident() != tid:
+                    return orig(*a, **k)
+                t0 = time.time()
+                try:
+                    return orig(*a, **k)
+                finally:
+                    t1 = time.time()
+                    if t1 - t0 >= SYNC_MIN_S:
+                        f = sys._getframe(1)
+                        where = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}"
+                        tl.add({"kind": "sync", "t": t0, "t0": t0, "t1": t1, "what": name, "where": where})
+
+            timed.__wrapped__ = orig  # type: ignore[attr-defined]
+            setattr(owner, name, timed)
+
+        for name in ("item", "tolist", "cpu"):
+            wrap(torch.Tensor, name)
+        if torch.cuda.is_available():
+            wrap(torch.cuda.Event, "synchronize")
+            wrap(torch.cuda.Stream, "synchronize")
+            wrap(torch.cuda, "synchronize")
 
     def _ticker(self) -> None:
         while True:

@@ -21,6 +21,7 @@ SERIES: tuple[str, ...] = (
     "tree_draft_extend_width",
     "spec_v2_tree",
     "paged_tree_spec_v2",
+    "eager_mirror",
 )
 
 

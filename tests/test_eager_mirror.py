@@ -1,0 +1,128 @@
+"""Back-port eager-mirror: a spec-v2 batch above the captured CUDA-graph sizes gets the host mirror.
+
+Runs SGLang's real ``FutureMap`` and ``Scheduler.init_overlap`` (as patched) on CPU; the FA3
+backend is SGLang's class with only the attributes its properties read (it cannot be built
+without a GPU).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import activate_backport
+
+
+def _fa3(num_splits: int):
+    from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
+
+    backend = object.__new__(FlashAttentionBackend)
+    backend.num_splits = num_splits
+    return backend
+
+
+@pytest.fixture
+def fmap(clean_state):
+    from sglang.srt import server_args as sa
+    from sglang.srt.managers.overlap_utils import FutureMap
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    activate_backport()
+    previous = sa._global_server_args
+    sa.set_global_server_args_for_scheduler(
+        SimpleNamespace(speculative_algorithm="EAGLE", enable_multi_layer_eagle=False))
+    m = FutureMap(8, 0, 64, torch.device("cpu"), SpeculativeAlgorithm.from_string("EAGLE"))
+    m.init_spec_relay(SimpleNamespace(req_to_token=torch.zeros((8, 4))),
+                      torch.get_device_module("cpu").Stream(), needs_cpu_seq_lens=False)
+    yield m
+    sa._global_server_args = previous
+
+
+def _batch(slots: list[int]):
+    from sglang.srt.managers.overlap_utils import FutureIndices
+
+    return SimpleNamespace(
+        spec_info=SimpleNamespace(future_indices=FutureIndices(indices=torch.tensor(slots))),
+        reqs=[SimpleNamespace(req_pool_idx=s) for s in slots],
+        seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None)
+
+
+def test_a_batch_above_the_graph_sizes_gets_the_mirror_the_others_do_not(fmap):
+    assert fmap.eager_mirror_above_bs is None  # nothing captured known yet: no batch gets it
+    fmap.publish(torch.tensor([1, 2, 3]), torch.tensor([10, 20, 30]))
+    big = _batch([3, 1, 2])
+    fmap.resolve_seq_lens_cpu(big)
+    assert big.seq_lens_cpu is None
+
+    fmap.eager_mirror_above_bs = 2
+    big, small = _batch([3, 1, 2]), _batch([2, 1])
+    fmap.resolve_seq_lens_cpu(big)
+    fmap.resolve_seq_lens_cpu(small)
+    assert big.seq_lens_cpu.tolist() == [30, 10, 20] and big.seq_lens_sum == 60  # eager: exact host lengths
+    assert big.seq_lens.tolist() == [30, 10, 20]
+    assert small.seq_lens_cpu is None and small.seq_lens_sum is None  # a graph replays it: no copy
+    assert small.seq_lens.tolist() == [20, 10]
+    assert fmap.needs_cpu_seq_lens is False  # the map itself stays without the mirror
+
+
+def test_the_bound_is_the_smallest_captured_batch_when_an_eager_forward_reads_host_lengths(clean_state):
+    activate_backport()
+    from sglang.srt.managers.overlap_utils import eager_mirror_above_bs
+
+    target = SimpleNamespace(graph_runner=SimpleNamespace(max_bs=8))
+    draft = SimpleNamespace(cuda_graph_runner=SimpleNamespace(max_bs=4))
+    assert eager_mirror_above_bs(target, draft, (_fa3(0), None)) == 4
+    assert eager_mirror_above_bs(target, None, (_fa3(0),)) == 8
+    # num_splits pinned to 1: FA3's eager forward is exact with the static bound
+    assert eager_mirror_above_bs(target, draft, (_fa3(1),)) is None
+    # a backend that never reads host lengths (Triton declares nothing)
+    assert eager_mirror_above_bs(target, draft, (SimpleNamespace(),)) is None
+    # CUDA graph off: nothing captured, the mirror question is decided elsewhere
+    assert eager_mirror_above_bs(SimpleNamespace(graph_runner=None), None, (_fa3(0),)) is None
+
+
+def _scheduler(fa3_backend, target_max_bs: int, draft_max_bs: int):
+    """A ``Scheduler`` without ``__init__``, set up by the real (patched) ``init_overlap``."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    device_module = torch.get_device_module("cpu")
+    s = object.__new__(Scheduler)
+    s.device = "cpu"
+    s.enable_overlap = True
+    s.max_running_requests = 8
+    s.chunked_prefill_size = None
+    s.model_config = SimpleNamespace(context_len=64)
+    s.spec_algorithm = SpeculativeAlgorithm.from_string("EAGLE")
+    s.req_to_token_pool = ReqToTokenPool(8, 64, "cpu", enable_memory_saver=False)
+    s.forward_stream = device_module.Stream()
+    s.server_args = SimpleNamespace(enable_dp_attention=False, elastic_ep_backend=None,
+                                    enable_two_batch_overlap=False, disable_piecewise_cuda_graph=False)
+    s.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(
+        attn_backend=fa3_backend, model_is_mrope=False, use_ngram_embedding=False,
+        graph_runner=SimpleNamespace(max_bs=target_max_bs)))
+    s.draft_worker = SimpleNamespace(
+        spec_v2_attn_backends=(fa3_backend,),
+        draft_worker=SimpleNamespace(draft_runner=None, draft_runner_list=None,
+                                     cuda_graph_runner=SimpleNamespace(max_bs=draft_max_bs)))
+    s.init_overlap()
+    return s
+
+
+def test_init_overlap_tells_the_future_map_which_batches_run_eagerly(clean_state, monkeypatch):
+    from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
+
+    activate_backport()
+    # FA3 after back-port 8: no mirror for graph-replayed batches
+    monkeypatch.setattr(FlashAttentionBackend, "needs_cpu_seq_lens", property(lambda self: False), raising=False)
+    s = _scheduler(_fa3(0), target_max_bs=24, draft_max_bs=16)
+    assert s.future_map.needs_cpu_seq_lens is False
+    assert s.future_map.eager_mirror_above_bs == 16
+    assert _scheduler(_fa3(1), 24, 16).future_map.eager_mirror_above_bs is None
+    # a backend that needs the mirror everywhere: every batch has it already, no bound
+    monkeypatch.setattr(FlashAttentionBackend, "needs_cpu_seq_lens", property(lambda self: True), raising=False)
+    s = _scheduler(_fa3(0), 24, 16)
+    assert s.future_map.needs_cpu_seq_lens is True and s.future_map.eager_mirror_above_bs is None
