@@ -84,3 +84,45 @@ def resolve(path: str):
 
 
 __all__ = ["ROOT", "subprocess_env", "resolve", "sys"]
+
+
+@pytest.fixture
+def spec_future_map(clean_state):
+    """A function building SGLang's ``FutureMap`` (as patched) for EAGLE on CPU with its spec
+    relay (8 pool slots); keyword arguments go to ``init_spec_relay``. The global server
+    arguments it needs are put back afterwards."""
+    import torch
+    from types import SimpleNamespace
+
+    from sglang.srt import server_args as sa
+
+    activate_backport()
+    previous = sa._global_server_args
+    sa.set_global_server_args_for_scheduler(
+        SimpleNamespace(speculative_algorithm="EAGLE", enable_multi_layer_eagle=False))
+
+    def build(**relay_kwargs):
+        from sglang.srt.managers.overlap_utils import FutureMap
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        m = FutureMap(8, 0, 64, torch.device("cpu"), SpeculativeAlgorithm.from_string("EAGLE"))
+        m.init_spec_relay(SimpleNamespace(req_to_token=torch.zeros((8, 4))),
+                          torch.get_device_module("cpu").Stream(), **relay_kwargs)
+        return m
+
+    yield build
+    sa._global_server_args = previous
+
+
+def relay_batch(slots):
+    """A spec-v2 schedule batch as the relay sees it: requests in pool ``slots``, its future
+    indices, no lengths yet."""
+    import torch
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.overlap_utils import FutureIndices
+
+    return SimpleNamespace(
+        spec_info=SimpleNamespace(future_indices=FutureIndices(indices=torch.tensor(slots))),
+        reqs=[SimpleNamespace(req_pool_idx=s) for s in slots],
+        seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None)

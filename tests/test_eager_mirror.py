@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import activate_backport
+from conftest import activate_backport, relay_batch
 
 
 def _fa3(num_splits: int):
@@ -24,40 +24,21 @@ def _fa3(num_splits: int):
 
 
 @pytest.fixture
-def fmap(clean_state):
-    from sglang.srt import server_args as sa
-    from sglang.srt.managers.overlap_utils import FutureMap
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    activate_backport()
-    previous = sa._global_server_args
-    sa.set_global_server_args_for_scheduler(
-        SimpleNamespace(speculative_algorithm="EAGLE", enable_multi_layer_eagle=False))
-    m = FutureMap(8, 0, 64, torch.device("cpu"), SpeculativeAlgorithm.from_string("EAGLE"))
-    m.init_spec_relay(SimpleNamespace(req_to_token=torch.zeros((8, 4))),
-                      torch.get_device_module("cpu").Stream(), needs_cpu_seq_lens=False)
-    yield m
-    sa._global_server_args = previous
+def fmap(spec_future_map):
+    return spec_future_map(needs_cpu_seq_lens=False)
 
 
-def _batch(slots: list[int]):
-    from sglang.srt.managers.overlap_utils import FutureIndices
-
-    return SimpleNamespace(
-        spec_info=SimpleNamespace(future_indices=FutureIndices(indices=torch.tensor(slots))),
-        reqs=[SimpleNamespace(req_pool_idx=s) for s in slots],
-        seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None)
 
 
 def test_a_batch_above_the_graph_sizes_gets_the_mirror_the_others_do_not(fmap):
     assert fmap.eager_mirror_above_bs is None  # nothing captured known yet: no batch gets it
     fmap.publish(torch.tensor([1, 2, 3]), torch.tensor([10, 20, 30]))
-    big = _batch([3, 1, 2])
+    big = relay_batch([3, 1, 2])
     fmap.resolve_seq_lens_cpu(big)
     assert big.seq_lens_cpu is None
 
     fmap.eager_mirror_above_bs = 2
-    big, small = _batch([3, 1, 2]), _batch([2, 1])
+    big, small = relay_batch([3, 1, 2]), relay_batch([2, 1])
     fmap.resolve_seq_lens_cpu(big)
     fmap.resolve_seq_lens_cpu(small)
     assert big.seq_lens_cpu.tolist() == [30, 10, 20] and big.seq_lens_sum == 60  # eager: exact host lengths

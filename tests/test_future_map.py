@@ -7,24 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import activate_backport
 
 
 @pytest.fixture
-def fmap(clean_state):
-    from sglang.srt import server_args as sa
-    from sglang.srt.managers.overlap_utils import FutureMap
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    activate_backport()
-    previous = sa._global_server_args
-    sa.set_global_server_args_for_scheduler(
-        SimpleNamespace(speculative_algorithm="EAGLE", enable_multi_layer_eagle=False))
-    m = FutureMap(8, 0, 64, torch.device("cpu"), SpeculativeAlgorithm.from_string("EAGLE"))
-    m.init_spec_relay(SimpleNamespace(req_to_token=torch.zeros((8, 4))),
-                      torch.get_device_module("cpu").Stream())
-    yield m
-    sa._global_server_args = previous
+def fmap(spec_future_map):
+    return spec_future_map()
 
 
 def _draft(rows):

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from conftest import activate_backport
+from conftest import relay_batch
 
 
 class RecordingStream(torch.cpu.Stream):
@@ -25,35 +23,16 @@ class RecordingStream(torch.cpu.Stream):
 
 
 @pytest.fixture
-def fmap(clean_state):
-    from sglang.srt import server_args as sa
-    from sglang.srt.managers.overlap_utils import FutureMap
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    activate_backport()
-    previous = sa._global_server_args
-    sa.set_global_server_args_for_scheduler(
-        SimpleNamespace(speculative_algorithm="EAGLE", enable_multi_layer_eagle=False))
-    m = FutureMap(8, 0, 64, torch.device("cpu"), SpeculativeAlgorithm.from_string("EAGLE"))
-    m.init_spec_relay(SimpleNamespace(req_to_token=torch.zeros((8, 4))),
-                      torch.get_device_module("cpu").Stream())
-    yield m
-    sa._global_server_args = previous
+def fmap(spec_future_map):
+    return spec_future_map()
 
 
-def _batch(slots: list[int]):
-    from sglang.srt.managers.overlap_utils import FutureIndices
-
-    return SimpleNamespace(
-        spec_info=SimpleNamespace(future_indices=FutureIndices(indices=torch.tensor(slots))),
-        reqs=[SimpleNamespace(req_pool_idx=s) for s in slots],
-        seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None)
 
 
 def test_without_cuda_the_plain_copy_is_used(fmap):
     assert fmap.seq_lens_d2h_stream is None and fmap.new_seq_lens_cpu_pinned is None
     fmap.publish(torch.tensor([3, 6]), torch.tensor([30, 60]))
-    batch = _batch([6, 3])
+    batch = relay_batch([6, 3])
     fmap.resolve_seq_lens_cpu(batch)
     assert batch.seq_lens_cpu.tolist() == [60, 30] and batch.seq_lens_sum == 90
 
@@ -71,7 +50,7 @@ def test_private_stream_waits_for_the_publish_only_then_picks_the_batch_rows(fma
 
     monkeypatch.setattr(torch.Tensor, "copy_", logged_copy)
     fmap.publish(torch.tensor([2, 5, 7]), torch.tensor([20, 50, 70]))
-    batch = _batch([7, 2])
+    batch = relay_batch([7, 2])
     fmap.resolve_seq_lens_cpu(batch)
 
     assert [entry[0] for entry in log] == ["wait_event", "copy", "synchronize"]
@@ -87,7 +66,7 @@ def test_before_the_first_publish_the_plain_copy_is_used(fmap):
     log: list = []
     fmap.seq_lens_d2h_stream = RecordingStream(log)
     fmap.new_seq_lens_cpu_pinned = torch.zeros((8,), dtype=torch.int64)
-    batch = _batch([1])
+    batch = relay_batch([1])
     fmap.resolve_seq_lens_cpu(batch)
     assert log == [] and batch.seq_lens_cpu.tolist() == [0]
 
@@ -97,7 +76,7 @@ def test_no_mirror_means_no_copy_at_all(fmap):
     fmap.needs_cpu_seq_lens = False
     fmap.seq_lens_d2h_stream = RecordingStream(log)
     fmap.publish(torch.tensor([4]), torch.tensor([44]))
-    batch = _batch([4])
+    batch = relay_batch([4])
     fmap.resolve_seq_lens_cpu(batch)
     assert log == [] and batch.seq_lens_cpu is None and batch.seq_lens_sum is None
     assert batch.seq_lens.tolist() == [44]
