@@ -173,6 +173,7 @@ def test_timeline_probe_wraps_the_methods_sglangs_scheduler_has(sglang_loaded, t
     assert calls == [("in", 2), ("run", "EXTEND"), ("run", "DECODE"), ("proc", "r")]  # delegated
     assert [e["kind"] for e in tl.events] == ["recv", "recv", "run", "run", "proc"]
     assert tl.events[2]["rids"] == ["a", "b"] and "rids" not in tl.events[3]
+    assert [e["extend"] for e in tl.events[2:]] == [True, False, True]  # SGLang's is_extend()
     tl.flush()
     events = st.load_events([str(p) for p in tmp_path.glob("timeline-*.json")])
     split = st.ttft_breakdown(events)
@@ -186,12 +187,12 @@ def test_ttft_breakdown_splits_the_schedulers_part_of_ttft() -> None:
     ms = 1e-3
     events = [
         {"kind": "recv", "t": 0.0, "rid": "a"}, {"kind": "recv", "t": 0.0, "rid": "b"},
-        {"kind": "run", "t": 1 * ms, "t0": 1 * ms, "t1": 2 * ms, "mode": "EXTEND", "bs": 2, "rids": ["a", "b"]},
-        {"kind": "run", "t": 2 * ms, "t0": 2 * ms, "t1": 7 * ms, "mode": "DECODE", "bs": 2},
-        {"kind": "proc", "t": 7 * ms, "t0": 7 * ms, "t1": 7.5 * ms, "mode": "EXTEND", "bs": 2},
+        {"kind": "run", "t": 1 * ms, "t1": 2 * ms, "mode": "EXTEND", "extend": True, "bs": 2, "rids": ["a", "b"]},
+        {"kind": "run", "t": 2 * ms, "t1": 7 * ms, "mode": "DECODE", "extend": False, "bs": 2},
+        {"kind": "proc", "t": 7 * ms, "t1": 7.5 * ms, "mode": "EXTEND", "extend": True, "bs": 2},
         {"kind": "recv", "t": 10.0, "rid": "late"},
-        {"kind": "run", "t": 10.001, "t0": 10.001, "t1": 10.002, "mode": "EXTEND", "bs": 1, "rids": ["late"]},
-        {"kind": "proc", "t": 10.003, "t0": 10.003, "t1": 10.004, "mode": "EXTEND", "bs": 1},
+        {"kind": "run", "t": 10.001, "t1": 10.002, "mode": "EXTEND", "extend": True, "bs": 1, "rids": ["late"]},
+        {"kind": "proc", "t": 10.003, "t1": 10.004, "mode": "EXTEND", "extend": True, "bs": 1},
     ]
     split = st.ttft_breakdown(events, 0.0, 1.0)
     assert split["requests"] == 2
@@ -222,11 +223,11 @@ def test_ttft_breakdown_names_where_the_launch_after_a_prefill_waited() -> None:
     ms = 1e-3
     events = [
         {"kind": "recv", "t": 0.0, "rid": "a"},
-        {"kind": "run", "t": 1 * ms, "t0": 1 * ms, "t1": 2 * ms, "mode": "EXTEND", "bs": 1, "rids": ["a"]},
-        {"kind": "run", "t": 2 * ms, "t0": 2 * ms, "t1": 9 * ms, "mode": "DECODE", "bs": 1},
-        {"kind": "sync", "t": 3 * ms, "t0": 3 * ms, "t1": 7 * ms, "what": "synchronize", "where": "w.py:1 f"},
-        {"kind": "sync", "t": 9.5 * ms, "t0": 9.5 * ms, "t1": 9.9 * ms, "what": "item", "where": "x.py:2 g"},
-        {"kind": "proc", "t": 9 * ms, "t0": 9 * ms, "t1": 10 * ms, "mode": "EXTEND", "bs": 1},
+        {"kind": "run", "t": 1 * ms, "t1": 2 * ms, "mode": "EXTEND", "extend": True, "bs": 1, "rids": ["a"]},
+        {"kind": "run", "t": 2 * ms, "t1": 9 * ms, "mode": "DECODE", "extend": False, "bs": 1},
+        {"kind": "sync", "t": 3 * ms, "t1": 7 * ms, "what": "synchronize", "where": "w.py:1 f"},
+        {"kind": "sync", "t": 9.5 * ms, "t1": 9.9 * ms, "what": "item", "where": "x.py:2 g"},
+        {"kind": "proc", "t": 9 * ms, "t1": 10 * ms, "mode": "EXTEND", "extend": True, "bs": 1},
     ]
     waits = st.ttft_breakdown(events)["next_launch_waits_ms"]
     assert waits == {"synchronize @ w.py:1 f": pytest.approx(4.0)}  # the one inside the decode's launch

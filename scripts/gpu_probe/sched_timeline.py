@@ -6,8 +6,9 @@ Loaded by this folder's ``sitecustomize`` only when ``SMOKE_PROBE_DIR`` is set a
 ``self`` is a ``Scheduler``; then, in that process only, it wraps on the class
 
 * ``process_input_requests``: one ``recv`` event per request it receives (its ``rid``);
-* ``run_batch``: one ``run`` event per launched batch (start, end, forward mode, batch size,
-  and for a prefill the ``rid`` of every request in it);
+* ``run_batch``: one ``run`` event per launched batch (start, end, forward mode, whether
+  SGLang's ``forward_mode.is_extend()`` calls it a prefill, batch size, and for a prefill the
+  ``rid`` of every request in it);
 * ``process_batch_result``: one ``proc`` event per processed result (start, end, forward
   mode, batch size). A prefill's first tokens leave for the detokenizer at the end of it;
 
@@ -44,10 +45,6 @@ SYNC_MIN_S = 3e-4
 # ----------------------------------------------------------------------------- pure helpers
 
 
-def _mode_is_extend(mode: str) -> bool:
-    return mode in ("EXTEND", "MIXED", "SPLIT_PREFILL", "DRAFT_EXTEND", "TARGET_VERIFY_EXTEND")
-
-
 def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf"),
                    t_hi: float = float("inf")) -> dict[str, Any]:
     """Per request received in ``[t_lo, t_hi)``: the scheduler's part of its TTFT, split.
@@ -58,46 +55,49 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
     (the processing of the prefill's result) and ``total`` (received -> processed), plus the
     median ``run_batch`` time of the batch launched right after each prefill (``next_launch``)
     and of decode batches in the window (``decode_launch``)."""
+    # Interval events (run, proc, sync) span [t, t1]; run and proc carry SGLang's own
+    # forward_mode.is_extend() of their batch as "extend".
     runs = [e for e in events if e["kind"] == "run"]
     procs = [e for e in events if e["kind"] == "proc"]
     recv = {e["rid"]: e["t"] for e in events if e["kind"] == "recv" and t_lo <= e["t"] < t_hi}
     parts: dict[str, list[float]] = {k: [] for k in ("queue", "launch", "between", "process", "total", "next_launch")}
     proc_i = 0
     for i, run in enumerate(runs):
-        if not _mode_is_extend(run["mode"]):
+        if not run["extend"]:
             continue
         rids = [r for r in run.get("rids") or () if r in recv]
         if not rids:
             continue
         # The first result processing of this batch: the first proc of an extend batch of the
         # same size that starts after this launch ended.
-        while proc_i < len(procs) and procs[proc_i]["t0"] < run["t1"]:
+        while proc_i < len(procs) and procs[proc_i]["t"] < run["t1"]:
             proc_i += 1
-        proc = next((p for p in procs[proc_i:] if _mode_is_extend(p["mode"]) and p["bs"] == run["bs"]), None)
+        proc = next((p for p in procs[proc_i:] if p["extend"] and p["bs"] == run["bs"]), None)
         if proc is None:
             continue
-        nxt = runs[i + 1] if i + 1 < len(runs) and runs[i + 1]["t0"] < proc["t0"] else None
+        nxt = runs[i + 1] if i + 1 < len(runs) and runs[i + 1]["t"] < proc["t"] else None
         for rid in rids:
-            parts["queue"].append(run["t0"] - recv[rid])
-            parts["launch"].append(run["t1"] - run["t0"])
-            parts["between"].append(proc["t0"] - run["t1"])
-            parts["process"].append(proc["t1"] - proc["t0"])
+            parts["queue"].append(run["t"] - recv[rid])
+            parts["launch"].append(run["t1"] - run["t"])
+            parts["between"].append(proc["t"] - run["t1"])
+            parts["process"].append(proc["t1"] - proc["t"])
             parts["total"].append(proc["t1"] - recv[rid])
             if nxt is not None:
-                parts["next_launch"].append(nxt["t1"] - nxt["t0"])
-    decode = [r["t1"] - r["t0"] for r in runs if r["mode"] == "DECODE" and t_lo <= r["t0"] < t_hi]
+                parts["next_launch"].append(nxt["t1"] - nxt["t"])
+    decode = [r["t1"] - r["t"] for r in runs if r["mode"] == "DECODE" and t_lo <= r["t"] < t_hi]
     # Where the launch right after a prefill waited: its syncs, summed per call site.
     syncs = [e for e in events if e["kind"] == "sync"]
     waits: dict[str, float] = {}
-    for i, run in enumerate(runs):
-        if not (_mode_is_extend(run["mode"]) and t_lo <= run["t0"] < t_hi) or i + 1 >= len(runs):
+    prefills = [i for i, r in enumerate(runs) if r["extend"] and t_lo <= r["t"] < t_hi]
+    for i in prefills:
+        if i + 1 >= len(runs):
             continue
         nxt = runs[i + 1]
         for e in syncs:
-            if nxt["t0"] <= e["t0"] < nxt["t1"]:
+            if nxt["t"] <= e["t"] < nxt["t1"]:
                 key = f'{e["what"]} @ {e["where"]}'
-                waits[key] = waits.get(key, 0.0) + (e["t1"] - e["t0"])
-    n_prefills = sum(1 for r in runs if _mode_is_extend(r["mode"]) and t_lo <= r["t0"] < t_hi) or 1
+                waits[key] = waits.get(key, 0.0) + (e["t1"] - e["t"])
+    n_prefills = len(prefills) or 1
     out: dict[str, Any] = {"requests": len(parts["total"])}
     for k, v in parts.items():
         out[k + "_ms"] = round(statistics.median(v) * 1e3, 3) if v else None
@@ -113,7 +113,7 @@ def load_events(paths: Iterable[str]) -> list[dict[str, Any]]:
     for path in paths:
         with open(path) as f:
             events.extend(json.load(f).get("events", []))
-    events.sort(key=lambda e: e.get("t", e.get("t0", 0.0)))
+    events.sort(key=lambda e: e["t"])
     return events
 
 
@@ -152,9 +152,10 @@ class Timeline:
         orig_run = sched_cls.run_batch
         orig_proc = sched_cls.process_batch_result
 
-        def _mode(batch: Any) -> str:
+        def _interval(kind: str, batch: Any, t0: float) -> dict[str, Any]:
             fm = getattr(batch, "forward_mode", None)
-            return getattr(fm, "name", None) or "NONE"
+            return {"kind": kind, "t": t0, "t1": time.time(), "mode": getattr(fm, "name", None) or "NONE",
+                    "extend": bool(fm is not None and fm.is_extend()), "bs": len(getattr(batch, "reqs", ()) or ())}
 
         def process_input_requests(self, recv_reqs, *a, **k):
             t = time.time()
@@ -169,10 +170,8 @@ class Timeline:
             try:
                 return orig_run(self, batch, *a, **k)
             finally:
-                mode = _mode(batch)
-                ev = {"kind": "run", "t": t0, "t0": t0, "t1": time.time(), "mode": mode,
-                      "bs": len(getattr(batch, "reqs", ()) or ())}
-                if _mode_is_extend(mode):
+                ev = _interval("run", batch, t0)
+                if ev["extend"]:
                     ev["rids"] = [r.rid for r in batch.reqs]
                 tl.add(ev)
 
@@ -181,8 +180,7 @@ class Timeline:
             try:
                 return orig_proc(self, batch, *a, **k)
             finally:
-                tl.add({"kind": "proc", "t": t0, "t0": t0, "t1": time.time(), "mode": _mode(batch),
-                        "bs": len(getattr(batch, "reqs", ()) or ())})
+                tl.add(_interval("proc", batch, t0))
 
         for new, orig in ((process_input_requests, orig_input), (run_batch, orig_run),
                           (process_batch_result, orig_proc)):
@@ -217,7 +215,7 @@ class Timeline:
                     if t1 - t0 >= SYNC_MIN_S:
                         f = sys._getframe(1)
                         where = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}"
-                        tl.add({"kind": "sync", "t": t0, "t0": t0, "t1": t1, "what": name, "where": where})
+                        tl.add({"kind": "sync", "t": t0, "t1": t1, "what": name, "where": where})
 
             timed.__wrapped__ = orig  # type: ignore[attr-defined]
             setattr(owner, name, timed)
