@@ -765,17 +765,12 @@ def mtp_greedy_probe(target: Path, mtp: Path, prompts: int = 4, new_tokens: int 
 
     tcfg, tw = load_fp32(target)
     dcfg, dw = load_fp32(mtp)
-    gen = torch.Generator().manual_seed(7)
     distinct: list[int] = []
     outputs: list[list[int]] = []
     agree = [0] * dcfg["num_nextn_predict_layers"]
     total = [0] * dcfg["num_nextn_predict_layers"]
     with torch.no_grad():
-        for i in range(prompts):
-            ids = torch.randint(3, tcfg["vocab_size"], (8 + 17 * i,), generator=gen).tolist()
-            start = len(ids)
-            for _ in range(new_tokens):
-                ids.append(int(mimov2_reference(tcfg, tw, ids)[0][-1].argmax()))
+        for ids, start in _greedy(mimov2_reference, tcfg, tw, prompts, new_tokens):
             outputs.append(ids[start:])
             distinct.append(len(set(ids[start:])))
             _, hidden = mimov2_reference(tcfg, tw, ids)
@@ -789,10 +784,11 @@ def mtp_greedy_probe(target: Path, mtp: Path, prompts: int = 4, new_tokens: int 
             "mtp_agreement": [a / max(t, 1) for a, t in zip(agree, total)]}
 
 
-def _llama_greedy(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], prompts: int, new_tokens: int  # noqa: F821
-                  ) -> list[tuple[list[int], int]]:
-    """Greedy continuations of the plain-torch Llama target: (prompt + output ids, prompt length)
-    for ``prompts`` random prompts of 8, 25, 42, ... tokens."""
+def _greedy(reference: Any, cfg: dict[str, Any], w: dict[str, "torch.Tensor"], prompts: int,  # noqa: F821
+            new_tokens: int) -> list[tuple[list[int], int]]:
+    """Greedy continuations of a plain-torch target (``reference``: ``llama_reference`` or
+    ``mimov2_reference``): (prompt + output ids, prompt length) for ``prompts`` random prompts of
+    8, 25, 42, ... tokens (fixed seed)."""
     import torch
 
     gen = torch.Generator().manual_seed(7)
@@ -802,7 +798,7 @@ def _llama_greedy(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], prompts: in
             ids = torch.randint(3, cfg["vocab_size"], (8 + 17 * i,), generator=gen).tolist()
             start = len(ids)
             for _ in range(new_tokens):
-                ids.append(int(llama_reference(cfg, w, ids)[0][-1].argmax()))
+                ids.append(int(reference(cfg, w, ids)[0][-1].argmax()))
             out.append((ids, start))
     return out
 
@@ -818,7 +814,7 @@ def eagle_greedy_probe(target: Path, eagle: Path, prompts: int = 4, new_tokens: 
 
     tcfg, tw = load_fp32(target)
     dcfg, dw = load_fp32(eagle)
-    runs = _llama_greedy(tcfg, tw, prompts, new_tokens)
+    runs = _greedy(llama_reference, tcfg, tw, prompts, new_tokens)
     agree = top4 = total = 0
     with torch.no_grad():
         for ids, start in runs:
@@ -849,7 +845,7 @@ def eagle_tree_probe(target: Path, eagle: Path, *, steps: int = 5, topk: int = 4
     dcfg, dw = load_fp32(eagle)
     lengths: dict[int, int] = {}
     with torch.no_grad():
-        for ids, start in _llama_greedy(tcfg, tw, prompts, new_tokens):
+        for ids, start in _greedy(llama_reference, tcfg, tw, prompts, new_tokens):
             _, target_hidden = llama_reference(tcfg, tw, ids)
             for p in range(start - 1, len(ids) - steps - 1, every):  # ids[p]: the last verified token
                 tokens, hidden = ids[1:p + 1], target_hidden[:p]
