@@ -216,6 +216,12 @@ class ContractWorker:
     #: Whether decode forwards get the seq_lens host mirror (``needs_cpu_seq_lens``);
     #: a prefill always has one (its lengths are built on the host).
     mirror = True
+    #: The draft-extend attention backend, when it declares that its eager metadata reads
+    #: the host lengths (FA3): then every decode without the mirror asks for them as the
+    #: EAGLE v2 draft worker does (SGLang's ``copy_seq_lens_for_draft_extend`` at the start
+    #: of the draft, no draft-extend CUDA graph) and reads them where
+    #: ``prepare_for_extend_to_fill_draft_kvcache`` does, after the publish.
+    draft_extend_backend = None
 
     def __init__(self, truth: dict[str, int], relay_hidden: bool):
         self.truth = truth
@@ -223,6 +229,9 @@ class ContractWorker:
         self.steps: dict[str, int] = {}  # rid -> forwards run for it
         self.calls: list[dict] = []  # one record per forward, for the test
         self.published_during_forward = 0
+        #: Per decode that asked for draft-extend host lengths: where they came from
+        #: ("relay": FutureMap.lend_draft_extend_lens; "copy": the late copy).
+        self.draft_extend_sources: list[str] = []
 
     # The scheduler calls this when a (non-adaptive) verify result reaches the host.
     def on_verify_complete_cpu(self, *_):
@@ -294,12 +303,28 @@ class ContractWorker:
             accept = [accept_len(n, self.steps[r]) for r, n in zip(rids, rid_nums)]
             new_lens = [s + a for s, a in zip(before, accept)]
 
+        asks = (not is_extend and mwb.seq_lens_cpu is None
+                and getattr(self.draft_extend_backend, "draft_extend_needs_cpu_seq_lens", False))
+        if asks:  # the start of the draft
+            from sglang.srt.speculative.base_spec_worker import BaseDraftWorker
+
+            BaseDraftWorker.copy_seq_lens_for_draft_extend(
+                self, mwb, self.draft_extend_backend, None)
+
         # Verify (or the target prefill) has fixed the lengths: publish before the draft.
         new_seq_lens = (mwb.seq_lens if is_extend
                         else mwb.seq_lens + torch.tensor(accept, dtype=mwb.seq_lens.dtype))
         if on_publish is not None:
             on_publish(new_seq_lens)
             self.published_during_forward += 1
+        if asks:  # the draft extend, after the publish
+            pending = mwb.seq_lens_cpu_pending
+            self.draft_extend_sources.append("relay" if callable(pending) else "copy")
+            host, copied = pending() if callable(pending) else pending
+            if copied is not None:
+                copied.synchronize()
+            assert host.tolist() == before, (
+                f"draft extend got host lengths {host.tolist()}, truth {before} for {rids}")
 
         payloads = []
         for r, n in zip(rids, rid_nums):

@@ -227,7 +227,9 @@ def test_ttft_breakdown_names_where_the_launch_after_a_prefill_waited() -> None:
         {"kind": "run", "t": 2 * ms, "t1": 9 * ms, "mode": "DECODE", "extend": False, "bs": 1},
         {"kind": "sync", "t": 3 * ms, "t1": 7 * ms, "what": "synchronize", "where": "w.py:1 f"},
         {"kind": "sync", "t": 9.5 * ms, "t1": 9.9 * ms, "what": "item", "where": "x.py:2 g"},
+        {"kind": "sync", "t": 1.2 * ms, "t1": 1.8 * ms, "what": "cpu", "where": "y.py:3 h"},
         {"kind": "proc", "t": 9 * ms, "t1": 10 * ms, "mode": "EXTEND", "extend": True, "bs": 1},
     ]
-    waits = st.ttft_breakdown(events)["next_launch_waits_ms"]
-    assert waits == {"synchronize @ w.py:1 f": pytest.approx(4.0)}  # the one inside the decode's launch
+    split = st.ttft_breakdown(events)
+    assert split["next_launch_waits_ms"] == {"synchronize @ w.py:1 f": pytest.approx(4.0)}  # the one inside the decode's launch
+    assert split["launch_waits_ms"] == {"cpu @ y.py:3 h": pytest.approx(0.6)}  # inside the prefill's own

@@ -159,6 +159,7 @@ class Simulation:
             enable_two_batch_overlap=False, disable_piecewise_cuda_graph=not pcg)
         # Real backend classes (no __init__: their declarations are all that is read).
         self.worker.spec_v2_attn_backends = declared_backends(backends)
+        self.worker.draft_extend_backend = self.worker.spec_v2_attn_backends[-1]
         self.sched = make_scheduler(self.worker, algorithm, self.req_to_token_pool,
                                     self.allocator, self.tree_cache, self.model_config,
                                     server_args=server_args)
@@ -183,7 +184,9 @@ class Simulation:
         self.reqs: dict[str, object] = {}
         self.finished: list[str] = []
         self.stats = dict(prefill=0, decode=0, filtered=0, merged=0, slot_reuse=0,
-                          slot_shared_in_batch=0)
+                          slot_shared_in_batch=0, decode_after_prefill=0,
+                          decode_after_prefill_mixed=0)
+        self._prev_extend = None  # the requests of the last batch launched, if a prefill
         self._slots_seen: dict[int, str] = {}
 
     # -- requests
@@ -369,6 +372,12 @@ class Simulation:
                 assert fm.new_seq_lens_buf[batch.req_pool_indices].tolist() == [
                     self.truth[r] for r in rids]
                 self.stats["prefill" if batch.forward_mode.is_extend() else "decode"] += 1
+                if not batch.forward_mode.is_extend() and self._prev_extend is not None:
+                    # The decode right after a prefill, and its requests that decoded before.
+                    self.stats["decode_after_prefill"] += 1
+                    if set(rids) - self._prev_extend:
+                        self.stats["decode_after_prefill_mixed"] += 1
+                self._prev_extend = set(rids) if batch.forward_mode.is_extend() else None
                 self.result_queue.append((batch.copy(), result))
             if self.last_batch is not None:
                 self.process(*self.result_queue.pop(0))
@@ -419,6 +428,15 @@ def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls, config):
             assert len(req.output_ids) >= req.sampling_params.max_new_tokens, rid
     assert st["decode"] >= 15 and st["filtered"] >= 5 and st["merged"] >= 5, st
     assert st["slot_reuse"] >= 3 and st["slot_shared_in_batch"] >= 1, st
+    assert st["decode_after_prefill"] >= 4 and st["decode_after_prefill_mixed"] >= 3, st
+    # The draft extend's host lengths (checked against the truth by the worker): FA3
+    # without the mirror asks in every decode, and the relay serves every one of them, the
+    # decodes right after a prefill included, so none waits for a copy queued behind the
+    # forward before it (back-port 14). Where the mirror is on, or Triton, nothing asks.
+    if config == "fa3_pcg":
+        assert sim.worker.draft_extend_sources == ["relay"] * st["decode"]
+    else:
+        assert sim.worker.draft_extend_sources == []
     aborted = sim.reqs[f"r-{ABORT_AT[11]}"]
     assert type(aborted.finished_reason).__name__ == "FINISH_ABORT"
     assert len(aborted.output_ids) < aborted.sampling_params.max_new_tokens

@@ -85,25 +85,28 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
             if nxt is not None:
                 parts["next_launch"].append(nxt["t1"] - nxt["t"])
     decode = [r["t1"] - r["t"] for r in runs if r["mode"] == "DECODE" and t_lo <= r["t"] < t_hi]
-    # Where the launch right after a prefill waited: its syncs, summed per call site.
+    # Where the prefill's own launch and the launch right after it waited: their syncs,
+    # summed per call site.
     syncs = [e for e in events if e["kind"] == "sync"]
     waits: dict[str, float] = {}
+    own_waits: dict[str, float] = {}
     prefills = [i for i, r in enumerate(runs) if r["extend"] and t_lo <= r["t"] < t_hi]
     for i in prefills:
-        if i + 1 >= len(runs):
-            continue
-        nxt = runs[i + 1]
-        for e in syncs:
-            if nxt["t"] <= e["t"] < nxt["t1"]:
-                key = f'{e["what"]} @ {e["where"]}'
-                waits[key] = waits.get(key, 0.0) + (e["t1"] - e["t"])
+        for run, into in ((runs[i], own_waits), (runs[i + 1] if i + 1 < len(runs) else None, waits)):
+            if run is None:
+                continue
+            for e in syncs:
+                if run["t"] <= e["t"] < run["t1"]:
+                    key = f'{e["what"]} @ {e["where"]}'
+                    into[key] = into.get(key, 0.0) + (e["t1"] - e["t"])
     n_prefills = len(prefills) or 1
     out: dict[str, Any] = {"requests": len(parts["total"])}
     for k, v in parts.items():
         out[k + "_ms"] = round(statistics.median(v) * 1e3, 3) if v else None
     out["decode_launch_ms"] = round(statistics.median(decode) * 1e3, 3) if decode else None
-    out["next_launch_waits_ms"] = {k: round(v * 1e3 / n_prefills, 3)
-                                   for k, v in sorted(waits.items(), key=lambda kv: -kv[1])[:6]}
+    for name, found in (("next_launch_waits_ms", waits), ("launch_waits_ms", own_waits)):
+        out[name] = {k: round(v * 1e3 / n_prefills, 3)
+                     for k, v in sorted(found.items(), key=lambda kv: -kv[1])[:6]}
     return out
 
 

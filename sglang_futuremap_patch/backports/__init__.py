@@ -22,6 +22,7 @@ SERIES: tuple[str, ...] = (
     "spec_v2_tree",
     "paged_tree_spec_v2",
     "eager_mirror",
+    "draft_extend_lens",
 )
 
 
