@@ -228,8 +228,14 @@ def test_ttft_breakdown_names_where_the_launch_after_a_prefill_waited() -> None:
         {"kind": "sync", "t": 3 * ms, "t1": 7 * ms, "what": "synchronize", "where": "w.py:1 f"},
         {"kind": "sync", "t": 9.5 * ms, "t1": 9.9 * ms, "what": "item", "where": "x.py:2 g"},
         {"kind": "sync", "t": 1.2 * ms, "t1": 1.8 * ms, "what": "cpu", "where": "y.py:3 h"},
+        {"kind": "sample", "t": 1.5 * ms, "dt": 1 * ms, "phase": "prefill", "stack": ["a.py:1 f", "b.py:2 g"]},
+        {"kind": "sample", "t": 4.0 * ms, "dt": 1 * ms, "phase": "next", "stack": ["c.py:5 k"]},
+        {"kind": "sample", "t": 5.0 * ms, "dt": 2 * ms, "phase": "next", "stack": ["c.py:5 k"]},
         {"kind": "proc", "t": 9 * ms, "t1": 10 * ms, "mode": "EXTEND", "extend": True, "bs": 1},
     ]
     split = st.ttft_breakdown(events)
     assert split["next_launch_waits_ms"] == {"synchronize @ w.py:1 f": pytest.approx(4.0)}  # the one inside the decode's launch
     assert split["launch_waits_ms"] == {"cpu @ y.py:3 h": pytest.approx(0.6)}  # inside the prefill's own
+    # Stack samples: host time per innermost frames, per prefill.
+    assert split["launch_samples_ms"] == {"a.py:1 f < b.py:2 g": pytest.approx(1.0)}
+    assert split["next_launch_samples_ms"] == {"c.py:5 k": pytest.approx(3.0)}

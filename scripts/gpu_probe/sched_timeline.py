@@ -40,6 +40,11 @@ from typing import Any, Iterable, Sequence
 FLUSH_S = 0.5
 MAX_EVENTS = 400_000
 SYNC_MIN_S = 3e-4
+#: Stack samples of the scheduler thread, taken only while it launches a prefill or the
+#: batch right after one (``sample`` events): where a long launch spends its host time
+#: when no wrapped sync shows it (a blocking copy, a full launch queue, Python work).
+SAMPLE_S = 1e-3
+SAMPLE_DEPTH = 3
 
 
 # ----------------------------------------------------------------------------- pure helpers
@@ -100,11 +105,18 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
                     key = f'{e["what"]} @ {e["where"]}'
                     into[key] = into.get(key, 0.0) + (e["t1"] - e["t"])
     n_prefills = len(prefills) or 1
+    # Stack samples by phase: where the host was during those launches (ms per prefill).
+    sampled: dict[str, dict[str, float]] = {"launch_samples_ms": {}, "next_launch_samples_ms": {}}
+    for e in events:
+        if e["kind"] == "sample" and t_lo <= e["t"] < t_hi:
+            into = sampled["launch_samples_ms" if e["phase"] == "prefill" else "next_launch_samples_ms"]
+            key = " < ".join(e["stack"])
+            into[key] = into.get(key, 0.0) + e.get("dt", SAMPLE_S)
     out: dict[str, Any] = {"requests": len(parts["total"])}
     for k, v in parts.items():
         out[k + "_ms"] = round(statistics.median(v) * 1e3, 3) if v else None
     out["decode_launch_ms"] = round(statistics.median(decode) * 1e3, 3) if decode else None
-    for name, found in (("next_launch_waits_ms", waits), ("launch_waits_ms", own_waits)):
+    for name, found in (("next_launch_waits_ms", waits), ("launch_waits_ms", own_waits), *sampled.items()):
         out[name] = {k: round(v * 1e3 / n_prefills, 3)
                      for k, v in sorted(found.items(), key=lambda kv: -kv[1])[:6]}
     return out
@@ -131,6 +143,10 @@ class Timeline:
         self.errors: list[str] = []
         self.written = -1
         self.lock = threading.Lock()
+        # What the scheduler thread is launching now: None, "prefill" or "next" (the batch
+        # right after a prefill); read by the sampler thread.
+        self.launching: str | None = None
+        self.last_extend = False
 
     def on_run_batch(self, frame) -> None:
         """sitecustomize hook (a PY_START callback): install on the first Scheduler.run_batch."""
@@ -170,9 +186,13 @@ class Timeline:
 
         def run_batch(self, batch, *a, **k):
             t0 = time.time()
+            fm = getattr(batch, "forward_mode", None)
+            extend = bool(fm is not None and fm.is_extend())
+            tl.launching = "prefill" if extend else ("next" if tl.last_extend else None)
             try:
                 return orig_run(self, batch, *a, **k)
             finally:
+                tl.launching, tl.last_extend = None, extend
                 ev = _interval("run", batch, t0)
                 if ev["extend"]:
                     ev["rids"] = [r.rid for r in batch.reqs]
@@ -194,6 +214,31 @@ class Timeline:
         sched_cls.process_batch_result = process_batch_result
         self._wrap_syncs(threading.get_ident())
         threading.Thread(target=self._ticker, name="sched-timeline", daemon=True).start()
+        threading.Thread(target=self._sampler, args=(threading.get_ident(),),
+                         name="sched-timeline-sampler", daemon=True).start()
+
+    def _sampler(self, tid: int) -> None:
+        import sys
+
+        here = os.path.basename(__file__)
+        last = time.time()
+        while True:
+            time.sleep(SAMPLE_S)
+            now = time.time()
+            dt, last = now - last, now
+            phase = self.launching
+            if phase is None:
+                continue
+            frame = sys._current_frames().get(tid)
+            stack: list[str] = []
+            while frame is not None and len(stack) < SAMPLE_DEPTH:
+                name = os.path.basename(frame.f_code.co_filename)
+                if name != here:  # not the probe's own wrappers
+                    stack.append(f"{name}:{frame.f_lineno} {frame.f_code.co_name}")
+                frame = frame.f_back
+            if stack and self.launching == phase:
+                self.add({"kind": "sample", "t": now, "dt": min(dt, 10 * SAMPLE_S),
+                          "phase": phase, "stack": stack})
 
     def _wrap_syncs(self, tid: int) -> None:
         import sys
