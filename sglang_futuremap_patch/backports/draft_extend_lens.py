@@ -20,12 +20,14 @@ prefill, and those of the requests just prefilled were built on the host.
 
 How: the relay keeps, for each request slot, where the host can read its current length: a
 prefill's host lengths (recorded when it is launched), or a copy of the whole length buffer
-taken on the private stream right after the decode that last published the slot (two pinned
-buffers, used in turn; only a decode whose draft extend asked for host lengths takes one).
+taken on the private stream right after the publish (verify) of the decode that last published
+the slot (two pinned buffers, used in turn; only a decode whose draft extend asked for host
+lengths takes one).
 ``lend_draft_extend_lens`` gives a decode batch whose every request is covered a callable
 (``relayed_seq_lens_cpu``); the worker's late copy hands it on instead of copying, and the
-draft extend calls it: it waits for the copy of the previous decode, never for a prefill, and
-returns exactly the lengths the copy would have returned. Anything else (the first decode, a
+draft extend calls it: it waits for the copy of the previous decode's verify (what stock SGLang's
+mirror waits for), never for a prefill or a draft extend, and returns exactly the lengths the
+copy would have returned. Anything else (the first decode, a
 decode right after one whose draft extend did not ask, lengths published by a PD-decode
 bootstrap) falls back to the copy as before. The next decode's forward stream waits for the
 private copy before its verify can overwrite the rows it reads (stream order, no host wait).
@@ -56,10 +58,8 @@ def init_draft_extend_lens(self):
     ]
     if cuda:
         device_module = torch.get_device_module(self.device)
-        self.dx_published = device_module.Event()
         self.dx_copied = [device_module.Event(), device_module.Event()]
     else:
-        self.dx_published = None
         self.dx_copied = [None, None]
     # The copy the next decode's forward must not overtake.
     self.dx_pending_copy = None
@@ -125,7 +125,7 @@ def lend_draft_extend_lens(self, batch, model_worker_batch):
 def keep_draft_extend_lens(self, batch, model_worker_batch):
     """Forward stream, right after a spec-v2 forward was launched: a decode whose draft
     extend asked for host lengths gets the length buffer copied to the host on the private
-    stream, behind this forward only."""
+    stream, behind its own publish only."""
     if self.needs_cpu_seq_lens or not hasattr(self, "dx_copies"):
         return
     if batch.forward_mode.is_decode() and batch.reqs:
@@ -138,12 +138,13 @@ def keep_draft_extend_lens(self, batch, model_worker_batch):
         else:
             self.dx_copy_id += 1
             k = self.dx_copy_id % 2
-            if self.dx_published is None:
+            if self.dx_copied[k] is None:
                 self.dx_copies[k].copy_(self.new_seq_lens_buf)
             else:
-                self.dx_published.record(self.forward_stream)
                 stream = self.seq_lens_d2h_stream
-                stream.wait_event(self.dx_published)
+                # The lengths are final at this decode's publish (end of its verify), so
+                # the copy waits for that, not for the draft extend launched after it.
+                stream.wait_event(self.publish_ready)
                 with torch.get_device_module(self.device).stream(stream):
                     self.dx_copies[k].copy_(self.new_seq_lens_buf, non_blocking=True)
                     self.dx_copied[k].record()
