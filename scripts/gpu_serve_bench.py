@@ -6,8 +6,9 @@ user starts them (``python -m sglang.launch_server``; ``--backend default`` name
 backend: FA3 + piecewise CUDA graph on Hopper), on an 8B-shaped dummy-weight Llama target with a
 1-layer STANDALONE draft (3 steps, topk 1, 4 draft tokens) and a word-level tokenizer. Each boot
 is a fresh server; boots alternate their order (stock first, then patched first, ...). Against
-each server ``python -m sglang.bench_serving`` runs once per ``--max-concurrency`` (offline
-dataset ``random-ids`` or ``generated-shared-prefix``, ``ignore_eos``). Per cell the record keeps
+each server SGLang's ``bench_serving`` command line runs once per ``--max-concurrency`` (offline
+dataset ``random-ids`` or ``generated-shared-prefix``, ``ignore_eos``), all of them in one client
+process (``serve_bench_client.py``: the module's own ``__main__``, imported once per server). Per cell the record keeps
 every boot's p50 / p99 TTFT, TPOT and ITL, output tok/s and accept length, plus SGLang's own
 forward occupancy (``SGLANG_ENABLE_METRICS_DEVICE_TIMER=1``: the ``fwd occupancy`` of the
 decode log lines written during that run, the value ``sglang:fwd_occupancy`` exports); the
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import select
 import signal
 import statistics
 import subprocess
@@ -250,6 +252,39 @@ def make_models(root: Path) -> tuple[str, str]:
     return target, draft
 
 
+class BenchClient:
+    """One ``scripts/serve_bench_client.py`` process: ``bench_serving`` calls without paying
+    its import for every cell. Its output goes to ``log``."""
+
+    def __init__(self, env: dict[str, str], log: Path, argv: Sequence[str] | None = None) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log, "w")
+        cmd = list(argv) if argv is not None else [sys.executable, str(HERE / "serve_bench_client.py")]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                     env=env, text=True, start_new_session=True)
+
+    def call(self, argv: Sequence[str], timeout: float) -> dict[str, Any]:
+        """Run one ``bench_serving`` command line; its reply. TimeoutError past ``timeout`` s."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(list(argv)) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return {"rc": 1, "error": f"the bench client exited ({self.proc.poll()})"}
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise TimeoutError(f"bench_serving gave no reply in {timeout:.0f} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            return {"rc": 1, "error": f"the bench client exited ({self.proc.wait()})"}
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            stop_group(self.proc)
+        self._log.close()
+
+
 def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.Namespace, deadline: float,
                port: int) -> dict[str, Any]:
     tag = f"{variant}-boot{boot}"
@@ -266,6 +301,8 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=server_env(env, timeline_dir),
                                 start_new_session=True)
+    # bench_serving's client imports SGLang once, while the server boots (see serve_bench_client.py).
+    client = BenchClient(env, args.out / "logs" / f"{tag}-bench.log")
     try:
         # /health_generate: ready once the model has generated, not just once the port is open.
         not_ready = ge.wait_until_ready(proc, f"http://127.0.0.1:{port}/health_generate", deadline, poll_s=2)
@@ -288,10 +325,10 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
             mark = log_path.stat().st_size
             prompts = num_prompts(c, args.rounds, args.min_prompts)
             t_cell = time.time()
-            bench = subprocess.run(bench_argv(target, port, c, prompts, out_file, args), env=env,
-                                   capture_output=True, text=True, timeout=max(60, deadline - time.monotonic()))
-            if bench.returncode != 0 or not out_file.exists():
-                run["error"] = f"bench_serving failed at concurrency {c}: {bench.stderr[-500:]}"
+            reply = client.call(bench_argv(target, port, c, prompts, out_file, args)[3:],
+                                max(60.0, deadline - time.monotonic()))
+            if reply.get("rc") != 0 or not out_file.exists():
+                run["error"] = f"bench_serving failed at concurrency {c}: {reply.get('error')}"
                 break
             with open(log_path, errors="replace") as f:
                 f.seek(mark)
@@ -301,9 +338,10 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
             windows[c] = (t_cell, time.time())
             print(f"   {tag} c={c}: TTFT p50 {result.get('median_ttft_ms'):.1f} ms, TPOT p50 "
                   f"{result.get('median_tpot_ms'):.2f} ms, {result.get('output_throughput'):.0f} tok/s", flush=True)
-    except subprocess.TimeoutExpired:
+    except TimeoutError:
         run["error"] = "bench_serving cut off by --budget"
     finally:
+        client.close()
         if timeline_dir is not None:
             time.sleep(2 * sched_timeline.FLUSH_S)  # the scheduler's last flush
         stop_group(proc)

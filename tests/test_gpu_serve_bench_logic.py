@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -239,3 +240,57 @@ def test_ttft_breakdown_names_where_the_launch_after_a_prefill_waited() -> None:
     # Stack samples: host time per innermost frames, per prefill.
     assert split["launch_samples_ms"] == {"a.py:1 f < b.py:2 g": pytest.approx(1.0)}
     assert split["next_launch_samples_ms"] == {"c.py:5 k": pytest.approx(3.0)}
+
+
+def test_bench_client_runs_bench_servings_own_command_line(monkeypatch, capsys) -> None:
+    """The client runs the real module as ``python -m`` would: its parser rejects a bad flag
+    (rc 2 from argparse) and answers --help (rc 0), printing to stderr, never to the reply
+    stream; a bad request line gets its own answer."""
+    import io
+
+    import serve_bench_client as sc
+
+    monkeypatch.syspath_prepend(str(sb.DATASETS_STAND_IN))
+    out = io.StringIO()
+    lines = io.StringIO('["--no-such-flag"]\n\n["--help"]\n{"not": "a list"}\n')
+    assert sc.serve(lines, out) == 2
+    replies = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [r["rc"] for r in replies] == [2, 0, 2]
+    assert "bad request line" in replies[2]["error"]
+    err = capsys.readouterr().err
+    assert "--max-concurrency" in err and "--no-such-flag" in err  # help text and argparse's error
+    assert sys.argv[0] != sc.MODULE  # restored
+
+    calls = []
+
+    def fake_run(name, run_name, alter_sys):
+        calls.append((name, run_name, list(sys.argv)))
+        print("results table")  # bench_serving prints its table to stdout
+        raise RuntimeError("server went away")
+
+    out = io.StringIO()
+    assert sc.serve(io.StringIO('["--port", "1"]\n'), out, run=fake_run) == 1
+    assert calls == [("sglang.bench_serving", "__main__", ["sglang.bench_serving", "--port", "1"])]
+    assert json.loads(out.getvalue()) == {"rc": 1, "error": "RuntimeError: server went away"}
+    assert "results table" in capsys.readouterr().err
+
+
+def test_bench_client_process_answers_each_call_and_times_out(tmp_path: Path) -> None:
+    echo = ("import sys, json, time\n"
+            "for line in sys.stdin:\n"
+            "    a = json.loads(line)\n"
+            "    if a == ['slow']: time.sleep(30)\n"
+            "    print(json.dumps({'rc': 0, 'argv': a}), flush=True)\n")
+    client = sb.BenchClient(dict(os.environ), tmp_path / "logs" / "c.log", [sys.executable, "-c", echo])
+    try:
+        assert client.call(["--port", "1"], 20) == {"rc": 0, "argv": ["--port", "1"]}
+        assert client.call(["x"], 20)["argv"] == ["x"]
+        with pytest.raises(TimeoutError):
+            client.call(["slow"], 0.5)
+    finally:
+        client.close()
+    assert client.proc.poll() is not None
+    dead = sb.BenchClient(dict(os.environ), tmp_path / "logs" / "d.log", [sys.executable, "-c", "pass"])
+    dead.proc.wait()
+    assert dead.call(["--port", "1"], 5)["rc"] == 1
+    dead.close()

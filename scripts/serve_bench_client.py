@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Run SGLang's own ``bench_serving`` several times in one process.
+
+``python -m sglang.bench_serving`` spends 10-20 s per call importing SGLang before it sends a
+request; a serving record with eight concurrencies per server paid that eight times per boot.
+This client imports it once and then runs the module's command line (``runpy``, as ``python -m``
+does: the same argument parser, the same ``run_benchmark``) once per line it reads.
+
+Protocol: each line on stdin is a JSON list, the arguments of one ``bench_serving`` call; for
+each the client writes one JSON line on stdout, ``{"rc": 0}`` or ``{"rc": N, "error": "..."}``.
+Everything ``bench_serving`` prints goes to stderr. EOF ends the client.
+
+    printf '%s\\n' '["--backend", "sglang", "--port", "30000", ...]' | python3 scripts/serve_bench_client.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import runpy
+import sys
+import traceback
+from typing import Any, Callable, TextIO
+
+MODULE = "sglang.bench_serving"
+
+
+def run_one(argv: list[str], run: Callable[..., Any] = runpy.run_module) -> dict[str, Any]:
+    """One ``bench_serving`` command line, its stdout sent to stderr; the reply for it."""
+    saved = sys.argv
+    sys.argv = [MODULE, *argv]
+    # Its dependencies stay imported; the module itself runs afresh as ``__main__`` (runpy
+    # warns when it is also in sys.modules under its own name).
+    sys.modules.pop(MODULE, None)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            run(MODULE, run_name="__main__", alter_sys=False)
+    except SystemExit as exc:  # argparse errors and explicit exits
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code:
+            return {"rc": code, "error": f"bench_serving exited with {exc.code}"}
+    except Exception as exc:  # reported to the caller, which records the cell as failed
+        traceback.print_exc(file=sys.stderr)
+        return {"rc": 1, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        sys.argv = saved
+    return {"rc": 0}
+
+
+def serve(lines: TextIO, out: TextIO, run: Callable[..., Any] = runpy.run_module) -> int:
+    """Answer every request line; returns how many calls failed."""
+    failed = 0
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            argv = json.loads(line)
+            if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+                raise ValueError("expected a JSON list of strings")
+        except ValueError as exc:
+            reply: dict[str, Any] = {"rc": 2, "error": f"bad request line: {exc}"}
+        else:
+            reply = run_one(argv, run)
+        failed += reply["rc"] != 0
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    return failed
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        sys.stdout.write(__doc__ or "")
+        return 0
+    # Import once, before the first request (the reason this client exists).
+    with contextlib.redirect_stdout(sys.stderr):
+        __import__(MODULE)
+    serve(sys.stdin, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
