@@ -390,27 +390,36 @@ def _chains(series: Iterable[Backport]) -> dict[str, list[Target]]:
     return chains
 
 
-def link_function(chain: list[Target], i: int) -> Any:
-    """What link ``i`` of a chain installs, known without SGLang's live object: a replacement,
-    or an ``edit`` of the splice before it (compiled with empty globals: for its source and
-    fingerprint only). An ``edit`` of SGLang's own function can only be a chain's first link."""
+def link_function(chain: list[Target], i: int, original: Any = None) -> Any:
+    """What link ``i`` of a chain installs: a replacement, or an ``edit`` of the link before it
+    (compiled with empty globals: for its source and fingerprint only). An ``edit`` of SGLang's
+    own function (a chain's first link) needs that function, ``original``; later edits are made
+    on top of the link before, splice or edit alike."""
     t = chain[i]
     if t.kind != "edit":
         return t.replacement
     if i == 0:
-        raise PatchError(f"{t.path}: an edit of SGLang's own function has no static form")
+        if original is None:
+            raise PatchError(f"{t.path}: an edit of SGLang's own function has no static form")
+        return edited_function(original, t, {})
     prior = chain[i - 1]
-    if prior.kind != "splice":
-        raise PatchError(f"{t.path}: an edit may follow a splice only, not a {prior.kind}")
-    return edited_function(prior.replacement, t, {})
+    if prior.kind not in ("splice", "edit"):
+        raise PatchError(f"{t.path}: an edit may follow a splice or an edit only, not a {prior.kind}")
+    return edited_function(link_function(chain, i - 1, original), t, {})
 
 
 def chain_final(chain: list[Target]) -> Any | None:
-    """The function a patched tree carries for this chain (None: an edit of SGLang's own
-    function, which ``_check_target`` recognises by its edits instead)."""
-    if chain[-1].kind == "edit" and len(chain) == 1:
+    """The function a patched tree carries for this chain (None: edits of SGLang's own
+    function, which ``_check_target`` recognises by their edits instead)."""
+    if chain[0].kind == "edit":
         return None
     return link_function(chain, len(chain) - 1)
+
+
+def _live(target: Target) -> Any:
+    """SGLang's object at a target's path as it stands (None when it has none)."""
+    owner, attr, _ = _resolve_owner(target)
+    return owner.__dict__.get(attr) if hasattr(owner, "__dict__") else None
 
 
 def version_verdict(version: str) -> Verdict | None:
@@ -453,10 +462,23 @@ def gate(series: Iterable[Backport], version: str | None = None) -> Verdict:
                 continue
             # A later link must be a new version of exactly the function the link before
             # it installs (checked statically); its live state is the first link's.
-            prior = fingerprint(link_function(chain, i - 1))
+            original = None
+            if chain[0].kind == "edit":
+                state = live[t.path].state
+                if state != "ready":
+                    # No pristine function to derive the links from: a patched tree carries
+                    # every edit of the chain, an applied process has the last link installed.
+                    if state == "in-source" and t.kind == "edit" and not carries_edits(_live(t), t.edits):
+                        state, why = "mismatch", "the source lacks this link's edits"
+                    else:
+                        why = live[t.path].detail
+                    checks[bp.id].append(TargetCheck(t, state, found=live[t.path].found, detail=why))
+                    continue
+                original = _live(t)
+            prior = fingerprint(link_function(chain, i - 1, original))
             if t.expected == prior and t.kind == "edit":
                 try:
-                    fn = link_function(chain, i)
+                    fn = link_function(chain, i, original)
                     module = _import_target_module(t.owner)
                     missing = missing_globals(fn, {**vars(module), **pending.get(t.owner, {})})
                 except (PatchError, SyntaxError, ImportError) as exc:
@@ -619,7 +641,10 @@ def install(series: Iterable[Backport], verdict: Verdict) -> list[str]:
                     continue  # relied on, never replaced
                 chain = chains[t.path]
                 if chain[-1] is t:  # a function replaced twice: install the last
-                    base = chain[-2].replacement if len(chain) > 1 else None
+                    base = None
+                    if len(chain) > 1:
+                        original = _live(t) if chain[0].kind == "edit" else None
+                        base = link_function(chain, len(chain) - 2, original)
                     installed.extend(_install(t, bp.id, base))
     except Exception as exc:
         _undo(installed)

@@ -247,3 +247,57 @@ def test_a_module_that_cannot_import_still_fails(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_fm"):
         _engine._import_target_module("broken_fm")
+
+
+def _edit_chain():
+    """Two back-ports editing the same SGLang function (``fast_topk``), the second on top of
+    the first: each adds one line of its own."""
+    owner = "sglang.srt.utils.common"
+    first = _engine.TextEdit(old="    if topk == 1:\n", new="    values = values * 2\n    if topk == 1:\n")
+    second = _engine.TextEdit(old="    else:\n", new="    else:\n        values = values + 1\n")
+    from sglang.srt.utils import common
+
+    pristine = _engine.fingerprint(common.fast_topk)
+    a_target = _engine.Target(owner, "fast_topk", None, pristine, kind="edit", edits=(first,))
+
+    after_first = _engine.fingerprint(_engine.edited_function(common.fast_topk, a_target, {}))
+    b_target = _engine.Target(owner, "fast_topk", None, after_first, kind="edit", edits=(second,))
+    return [_engine.Backport("a", "a", (1,), "a.patch", (a_target,)),
+            _engine.Backport("b", "b", (2,), "b.patch", (b_target,))]
+
+
+def test_an_edit_may_follow_an_edit_of_the_same_function(clean_state, monkeypatch):
+    import torch
+    from sglang.srt.utils import common
+
+    series = _edit_chain()
+    stock = common.fast_topk
+    verdict = _engine.gate(series)
+    assert verdict.decision == "patch", verdict.reason
+    try:
+        _engine.install(series, verdict)
+        # Both links' lines run: the first doubles, the second adds one (topk > 1 branch).
+        values = torch.tensor([[1.0, 3.0, 2.0]])
+        assert common.fast_topk(values, 2, -1).values.tolist() == [[7.0, 5.0]]
+        assert common.fast_topk(values, 1, -1).values.tolist() == [[6.0]]
+    finally:
+        _engine.uninstall()
+    assert common.fast_topk is stock
+
+    # A later link that does not build on the earlier one is refused, statically.
+    a, b = series
+    stale = _engine.Target(b.targets[0].owner, "fast_topk", None, a.targets[0].expected, kind="edit",
+                           edits=b.targets[0].edits)
+    verdict = _engine.gate([a, _engine.Backport("b", "b", (2,), "b.patch", (stale,))])
+    assert verdict.decision == "mismatch" and "supersedes" in verdict.reason
+
+    # A patched tree carries both edits; one that has the first only is not that tree.
+    both = _engine.edited_function(_engine.edited_function(stock, a.targets[0], {}), b.targets[0],
+                                   vars(common))
+    monkeypatch.setattr(common, "fast_topk", both)
+    assert _engine.gate(series).decision == "upstream"
+    only_first = _engine.edited_function(stock, a.targets[0], vars(common))
+    monkeypatch.setattr(common, "fast_topk", only_first)
+    verdict = _engine.gate(series)
+    assert verdict.decision == "mismatch"
+    assert [c.detail for c in verdict.checks["b"]] == ["the source lacks this link's edits"]
