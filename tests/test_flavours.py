@@ -20,6 +20,8 @@ BEHAVIOUR_TESTS = ["tests/test_overlap_simulation.py", "tests/test_future_map.py
                    "tests/test_private_d2h.py", "tests/test_fused_gather.py",
                    "tests/test_cpu_seq_lens_optional.py", "tests/test_pcg_no_mirror.py",
                    "tests/test_fa3_device_page_table.py", "tests/test_auto_tree_spec_v1.py",
+                   "tests/test_tree_draft_extend_width.py", "tests/test_eager_mirror.py",
+                   "tests/test_draft_extend_lens.py", "tests/test_chain_fast_path.py",
                    "tests/test_selfcheck.py"]
 
 pytestmark = pytest.mark.skipif(FLAVOUR != "plugin", reason="this file starts the other flavour")

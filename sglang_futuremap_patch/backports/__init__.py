@@ -23,6 +23,7 @@ SERIES: tuple[str, ...] = (
     "paged_tree_spec_v2",
     "eager_mirror",
     "draft_extend_lens",
+    "chain_fast_path",
 )
 
 

@@ -1,0 +1,157 @@
+"""Back-port 15: a topk-1 draft (a chain) skips the full-vocabulary softmax and the tree sort.
+
+Upstream: sgl-project/sglang#26235 (argmax instead of softmax + max when topk is 1; reverted by
+#26358 for a ROCm tie-break problem, relanded as #26397 gated to CUDA) and #26424 (the chain's
+parents and kept positions are constants; no cat / topk / sort / gather per draft). Applies to:
+SGLang 0.5.12 and 0.5.12.post1. Delete when users are on 0.5.13+ (which has both).
+
+Why: with ``--speculative-eagle-topk 1`` (SGLang's choice for every chain, and what most spec-v2
+users run) the draft "tree" is one path, yet 0.5.12.x draws each draft token through a softmax
+over the whole vocabulary and a max of the probabilities: in every draft step inside the draft
+CUDA graph, in the draft extend after each verify (once inside its CUDA graph, once more on the
+rows it keeps), and then sorts the chain's scores to find the positions it keeps, which for a
+chain are all of them in order. That is GPU time every decode iteration for values nothing
+reads: with one candidate per step the scores never choose anything.
+
+How: when topk is 1 the draft steps, the draft extend after a verify (eager and CUDA graph) take
+``argmax`` of the logits with a constant probability of 1, and ``draft_forward`` returns the
+chain's parents and kept positions from two constant tensors the worker builds at start (rows
+for the largest batch; a larger batch, a single-step draft or a step count changed at run time
+takes SGLang's own path) with the step tokens concatenated. The draft tokens are the same:
+the logits are the lm_head's bfloat16 products in float32, and the first index of the largest
+logit is the first index of the largest probability (softmax keeps the order; equal logits tie
+in both, and both reductions return the first index); the probabilities only fed the chain's
+scores, and with one candidate per step the kept positions are every position in order,
+whatever the scores. The prefill's draft extend keeps the softmax (its probability goes to a
+PD decode instance). Multi-layer EAGLE keeps its own path (as in 0.5.13). Each change is a text
+edit of SGLang's function, the same in the plugin and in the patch; the draft extend's edit
+sits on top of back-port 10's.
+"""
+
+from __future__ import annotations
+
+from sglang_futuremap_patch._engine import Backport, Target, TextEdit
+
+_INIT_EDITS = (
+    TextEdit(
+        old="""\
+    with (
+        self.draft_tp_context(self.draft_runner.tp_group),
+""",
+        new="""\
+    # topk 1 makes the draft tree a chain: its parents and the positions draft_forward
+    # keeps are the same for every request and iteration (built before the CUDA graphs).
+    self.chain_parents = self.chain_positions = None
+    if self.topk == 1 and self.speculative_num_steps > 1:
+        rows = max(server_args.cuda_graph_max_bs or 0, server_args.max_running_requests or 0, 1)
+        steps = self.speculative_num_steps
+        self.chain_parents = torch.arange(
+            -1, steps - 1, dtype=torch.long, device=self.device
+        ).repeat(rows, 1)
+        self.chain_positions = torch.arange(
+            steps, dtype=torch.long, device=self.device
+        ).repeat(rows, 1)
+    with (
+        self.draft_tp_context(self.draft_runner.tp_group),
+""",
+    ),
+)
+
+_DRAFT_FORWARD_EDITS = (
+    TextEdit(
+        old="""\
+        probs = torch.softmax(logits_output.next_token_logits, dim=-1)
+        topk_p, topk_index = fast_topk(probs, self.topk, dim=-1)
+""",
+        new="""\
+        if self.topk == 1:
+            # One candidate per step: the largest logit, no softmax over the vocabulary.
+            topk_index = torch.argmax(
+                logits_output.next_token_logits, dim=-1, keepdim=True
+            )
+            topk_p = torch.ones_like(topk_index, dtype=torch.float32)
+        else:
+            probs = torch.softmax(logits_output.next_token_logits, dim=-1)
+            topk_p, topk_index = fast_topk(probs, self.topk, dim=-1)
+""",
+    ),
+    TextEdit(
+        old="""\
+    # Organize the results
+    score_list = torch.cat(score_list, dim=1).flatten(
+""",
+        new="""\
+    # Organize the results
+    chain = self.chain_parents
+    if (
+        chain is not None
+        and token_list[0].shape[0] <= chain.shape[0]
+        and chain.shape[1] == self.speculative_num_steps
+    ):
+        # A chain keeps every step's token in order.
+        bs = token_list[0].shape[0]
+        return chain[:bs], self.chain_positions[:bs], torch.cat(token_list, dim=1)
+    score_list = torch.cat(score_list, dim=1).flatten(
+""",
+    ),
+)
+
+_DRAFT_EXTEND_EDITS = (
+    TextEdit(
+        old="""\
+    probs = torch.softmax(draft_logits_output.next_token_logits, dim=-1)
+    ret_topk_p, ret_topk_index = fast_topk(probs, self.topk, dim=-1)
+""",
+        new="""\
+    if self.topk == 1:
+        ret_topk_index = torch.argmax(
+            draft_logits_output.next_token_logits, dim=-1, keepdim=True
+        )
+        ret_topk_p = torch.ones_like(ret_topk_index, dtype=torch.float32)
+    else:
+        probs = torch.softmax(draft_logits_output.next_token_logits, dim=-1)
+        ret_topk_p, ret_topk_index = fast_topk(probs, self.topk, dim=-1)
+""",
+    ),
+)
+
+_CAPTURE_EDITS = (
+    TextEdit(
+        old="""\
+        probs = torch.softmax(ret.next_token_logits, dim=-1)
+        ret.topk_p, ret.topk_index = fast_topk(probs, self.topk, dim=-1)
+""",
+        new="""\
+        if self.topk == 1:
+            ret.topk_index = torch.argmax(ret.next_token_logits, dim=-1, keepdim=True)
+            ret.topk_p = torch.ones_like(ret.topk_index, dtype=torch.float32)
+        else:
+            probs = torch.softmax(ret.next_token_logits, dim=-1)
+            ret.topk_p, ret.topk_index = fast_topk(probs, self.topk, dim=-1)
+""",
+    ),
+)
+
+_WORKER = "sglang.srt.speculative.eagle_worker_v2"
+
+BACKPORT = Backport(
+    id="chain-fast-path",
+    title="[Spec] topk-1 drafts: argmax instead of a vocabulary softmax, no tree sort",
+    upstream_prs=(26235, 26397, 26424),
+    patch_file="0015-Spec-topk-1-drafts-argmax-instead-of-a-vocabulary-softmax-no-tree-sort.patch",
+    summary="a chain draft takes argmax of the logits and returns constant parents and "
+            "positions (no full-vocabulary softmax, no cat/topk/sort/gather per draft)",
+    applied_upstream="0.5.13",
+    targets=(
+        Target(_WORKER, "EagleDraftWorker.__init__", None, expected="ef2204ef0f774b47", kind="edit",
+               edits=_INIT_EDITS),
+        Target(_WORKER, "EagleDraftWorker.draft_forward", None, expected="f1c2aef37c03ac0b", kind="edit",
+               edits=_DRAFT_FORWARD_EDITS),
+        # On top of back-port 10's edit of the same function (its fingerprint).
+        Target(_WORKER, "EagleDraftWorker._draft_extend_for_decode", None, expected="cc3a475584664b67",
+               kind="edit", edits=_DRAFT_EXTEND_EDITS),
+        Target("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
+               "EAGLEDraftExtendCudaGraphRunner.capture_one_batch_size", None, expected="574544fe68d4487c",
+               kind="edit", edits=_CAPTURE_EDITS),
+    ),
+)
