@@ -1,7 +1,8 @@
 """Back-port chain-fast-path (#26235, #26397, #26424): a topk-1 draft takes argmax of the logits
 and returns the chain's constant parents and positions.
 
-SGLang's real ``EagleDraftWorker.draft_forward``, ``_draft_extend_for_decode``, ``__init__`` and
+SGLang's real ``EagleDraftWorker.draft_forward``, ``_draft_extend_for_decode``, ``init_cuda_graphs``,
+``StandaloneDraftWorker.__init__`` and
 ``EAGLEDraftExtendCudaGraphRunner.capture_one_batch_size`` (as the series leaves them) run on
 CPU; the draft model is a stand-in that returns fixed logits per input token (bfloat16 values in
 float32, as SGLang's logits processor hands them over, with planted ties), the CUDA-graph
@@ -74,7 +75,7 @@ def _worker(topk: int, steps: int, rows: int | None):
         hot_token_id=None, draft_runner=SimpleNamespace(forward=forward),
         draft_attn_backend=SimpleNamespace(attn_backends=[object()] * steps),
         chain_parents=None, chain_positions=None, calls=calls)
-    if rows is not None:  # as the patched __init__ builds them
+    if rows is not None:  # as the patched init_cuda_graphs builds them
         w.chain_parents = torch.arange(-1, steps - 1).repeat(rows, 1)
         w.chain_positions = torch.arange(steps).repeat(rows, 1)
     return w
@@ -124,6 +125,19 @@ def test_chain_draft_is_the_greedy_chain_without_a_softmax(clean_state, eager_co
     assert again[0].data_ptr() != small.chain_parents.data_ptr()
 
 
+def test_rocm_draft_steps_keep_the_softmax(clean_state, eager_compile, monkeypatch):
+    activate_backport()
+    from sglang.srt.speculative import eagle_worker_v2 as ew
+
+    monkeypatch.setattr(ew, "_is_hip", True)
+    softmaxes = _Softmaxes(monkeypatch)
+    w = _worker(1, 4, rows=8)
+    parents, _, tokens = _run(ew.EagleDraftWorker.draft_forward, w, FIRST, 4)
+    assert softmaxes.calls == 3 and len(w.calls) == 3
+    assert tokens[:, 1].tolist() == [_greedy(t) for t in FIRST]
+    assert parents.data_ptr() == w.chain_parents.data_ptr()  # the constants are not ROCm-gated
+
+
 @plugin_only
 @pytest.mark.parametrize("steps", [1, 2, 3, 5])
 @pytest.mark.parametrize("rows", [None, 2, 16])
@@ -159,43 +173,69 @@ def test_a_tree_keeps_the_softmax(clean_state, eager_compile, monkeypatch):
     assert all(torch.equal(g, s) for g, s in zip(got, want))
 
 
-def test_worker_builds_the_chain_before_its_cuda_graphs(clean_state, monkeypatch):
+def _graph_worker(topk, steps, graph_bs, running, disable_graph=False):
+    args = SimpleNamespace(
+        device="cpu", speculative_eagle_topk=topk, speculative_num_steps=steps,
+        speculative_num_draft_tokens=steps + 1, speculative_algorithm="STANDALONE",
+        disable_cuda_graph=disable_graph, enable_dp_attention=False, model_impl="auto",
+        cuda_graph_max_bs=graph_bs, max_running_requests=running)
+    return SimpleNamespace(
+        server_args=args, device="cpu", gpu_id=0, topk=topk, speculative_num_steps=steps,
+        target_worker=SimpleNamespace(device="cuda"), draft_extend_attn_backend=None)
+
+
+def test_init_cuda_graphs_builds_the_chain_before_capturing(clean_state, monkeypatch):
     activate_backport()
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
-    seen = {}
-    runner = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace()),
-                             server_args=SimpleNamespace(disable_cuda_graph=True), tp_group=None)
-    monkeypatch.setattr(ew, "TpModelWorker", lambda **kw: SimpleNamespace(model_runner=runner))
-    monkeypatch.setattr(ew, "_get_plan_stream", lambda device: (None, contextlib.nullcontext()))
-    for name in ("init_token_map", "init_lm_head", "init_attention_backend"):
-        monkeypatch.setattr(ew.EagleDraftWorker, name, lambda self: None)
-    monkeypatch.setattr(ew.EagleDraftWorker, "init_cuda_graphs",
-                        lambda self: seen.setdefault("at_capture", self.chain_parents))
-    target = SimpleNamespace(get_memory_pool=lambda: (None, None),
-                             model_runner=SimpleNamespace(memory_pool_config=None))
+    seen = []
+    monkeypatch.setattr(ew, "EAGLEDraftCudaGraphRunner",
+                        lambda worker: seen.append(worker.chain_parents) or "runner")
+    monkeypatch.setattr(ew, "get_available_gpu_memory", lambda *a, **k: 0.0)
+    monkeypatch.setattr(ew, "log_info_on_rank0", lambda *a, **k: None)
 
-    def build(topk, steps, graph_bs, running):
-        args = SimpleNamespace(
-            device="cpu", speculative_eagle_topk=topk, speculative_num_steps=steps,
-            speculative_num_draft_tokens=steps + 1, speculative_algorithm="EAGLE",
-            disable_cuda_graph=False, enable_dp_attention=False, cuda_graph_max_bs=graph_bs,
-            max_running_requests=running)
-        seen.clear()
-        return ew.EagleDraftWorker(args, 0, 0, 0, 0, 0, 0, 0, target)
-
-    w = build(1, 3, 8, 48)
-    assert seen["at_capture"] is w.chain_parents
+    w = _graph_worker(1, 3, 8, 48)
+    ew.EagleDraftWorker.init_cuda_graphs(w)
+    assert w.cuda_graph_runner == "runner" and seen == [w.chain_parents]
     assert w.chain_parents.tolist() == [[-1, 0, 1]] * 48
     assert w.chain_positions.tolist() == [[0, 1, 2]] * 48
-    assert build(1, 3, 64, None).chain_parents.shape == (64, 3)
-    assert build(1, 1, 8, 48).chain_parents is None  # one step: nothing to organise
-    assert build(4, 3, 8, 48).chain_parents is None  # a tree
+    w.speculative_num_steps = 5  # graphs rebuilt for another step count: new constants
+    ew.EagleDraftWorker.init_cuda_graphs(w)
+    assert w.chain_parents.tolist() == [[-1, 0, 1, 2, 3]] * 48
+    w = _graph_worker(1, 3, 64, None, disable_graph=True)  # eager draft: built all the same
+    ew.EagleDraftWorker.init_cuda_graphs(w)
+    assert w.cuda_graph_runner is None and w.chain_parents.shape == (64, 3)
+    for topk, steps in ((1, 1), (4, 3)):  # one step: nothing to organise; a tree
+        w = _graph_worker(topk, steps, 8, 48, disable_graph=True)
+        ew.EagleDraftWorker.init_cuda_graphs(w)
+        assert w.chain_parents is None and w.chain_positions is None
 
 
-def test_draft_extend_after_verify_takes_argmax(clean_state, monkeypatch):
+def test_the_standalone_draft_worker_gets_the_chain(clean_state, monkeypatch):
+    """StandaloneDraftWorker has its own ``__init__`` (found on the GPU: the constants were first
+    built in EagleDraftWorker.__init__ and every STANDALONE launch failed in graph capture)."""
+    activate_backport()
+    from sglang.srt.speculative import standalone_worker_v2 as sw
+
+    args = _graph_worker(1, 3, 8, 48, disable_graph=True).server_args
+    runner = SimpleNamespace(server_args=args, tp_group=None)
+    monkeypatch.setattr(sw, "TpModelWorker", lambda **kw: SimpleNamespace(model_runner=runner))
+    monkeypatch.setattr(sw, "_get_plan_stream", lambda device: (None, contextlib.nullcontext()))
+    for name in ("init_token_map", "init_lm_head", "init_attention_backend"):
+        monkeypatch.setattr(sw.StandaloneDraftWorker, name, lambda self: None)
+    target = SimpleNamespace(get_memory_pool=lambda: (None, None),
+                             model_runner=SimpleNamespace(memory_pool_config=None))
+    w = sw.StandaloneDraftWorker(args, 0, 0, 0, 0, 0, 0, 0, target)
+    assert w.chain_parents.tolist() == [[-1, 0, 1]] * 48
+    assert w.chain_positions.tolist() == [[0, 1, 2]] * 48
+
+
+@pytest.mark.parametrize("rocm", [False, True])
+def test_draft_extend_after_verify_takes_argmax(clean_state, monkeypatch, rocm):
     activate_backport()
     from sglang.srt.speculative import eagle_worker_v2 as ew
+
+    monkeypatch.setattr(ew, "_is_hip", rocm)  # upstream keeps the softmax on ROCm (#26358)
 
     steps, bs = 3, 3
     tokens = torch.tensor([2, 9, 40, 17, 4, 63, 8, 30, 1, 6, 12, 50])  # bs x (steps + 1)
@@ -212,13 +252,19 @@ def test_draft_extend_after_verify_takes_argmax(clean_state, monkeypatch):
     ew.EagleDraftWorker._draft_extend_for_decode(w, SimpleNamespace(seq_lens=torch.ones(bs)), result)
     kept = tokens.view(bs, steps + 1)[torch.arange(bs), accept - 1]
     assert result.next_draft_input.topk_index.tolist() == [[_greedy(int(t))] for t in kept]
-    assert result.next_draft_input.topk_p.tolist() == [[1.0]] * bs
-    assert result.next_draft_input.topk_p.dtype == torch.float32 and softmaxes.calls == 0
+    assert result.next_draft_input.topk_p.dtype == torch.float32
+    if rocm:
+        assert softmaxes.calls == 1 and (result.next_draft_input.topk_p < 1).all()
+    else:
+        assert result.next_draft_input.topk_p.tolist() == [[1.0]] * bs and softmaxes.calls == 0
 
 
-def test_draft_extend_graph_captures_argmax(clean_state, monkeypatch):
+@pytest.mark.parametrize("rocm", [False, True])
+def test_draft_extend_graph_captures_argmax(clean_state, monkeypatch, rocm):
     activate_backport()
     from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as gr
+
+    monkeypatch.setattr(torch.version, "hip", "6.4" if rocm else None)
 
     monkeypatch.setattr(gr, "set_global_graph_memory_pool", lambda pool: None)
     monkeypatch.setattr(gr, "get_global_graph_memory_pool", lambda: None)
@@ -255,4 +301,7 @@ def test_draft_extend_graph_captures_argmax(clean_state, monkeypatch):
     softmaxes = _Softmaxes(monkeypatch)
     _, out = gr.EAGLEDraftExtendCudaGraphRunner.capture_one_batch_size(runner, bs, None)
     assert out.topk_index.tolist() == [[_greedy(int(t))] for t in ids]
-    assert out.topk_p.tolist() == [[1.0]] * n and softmaxes.calls == 0
+    if rocm:
+        assert softmaxes.calls == 1 and (out.topk_p < 1).all()
+    else:
+        assert out.topk_p.tolist() == [[1.0]] * n and softmaxes.calls == 0

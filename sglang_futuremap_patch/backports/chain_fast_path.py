@@ -15,15 +15,18 @@ reads: with one candidate per step the scores never choose anything.
 
 How: when topk is 1 the draft steps, the draft extend after a verify (eager and CUDA graph) take
 ``argmax`` of the logits with a constant probability of 1, and ``draft_forward`` returns the
-chain's parents and kept positions from two constant tensors the worker builds at start (rows
-for the largest batch; a larger batch, a single-step draft or a step count changed at run time
-takes SGLang's own path) with the step tokens concatenated. The draft tokens are the same:
+chain's parents and kept positions from two constant tensors with the step tokens concatenated.
+The draft worker builds them in ``init_cuda_graphs``, which every EAGLE v2 draft worker runs
+before capturing (EAGLE/EAGLE3's and STANDALONE's, whose ``__init__`` is its own) and runs again
+when graphs are rebuilt for another step count; rows for the largest batch, and a larger batch, a
+single-step draft or a step count that no longer matches takes SGLang's own path. The draft tokens are the same:
 the logits are the lm_head's bfloat16 products in float32, and the first index of the largest
 logit is the first index of the largest probability (softmax keeps the order; equal logits tie
 in both, and both reductions return the first index); the probabilities only fed the chain's
 scores, and with one candidate per step the kept positions are every position in order,
 whatever the scores. The prefill's draft extend keeps the softmax (its probability goes to a
-PD decode instance). Multi-layer EAGLE keeps its own path (as in 0.5.13). Each change is a text
+PD decode instance). Multi-layer EAGLE keeps its own path (as in 0.5.13). On ROCm the argmax
+stays off, as upstream gates it (#26358: a different tie-break there on FP8 logits). Each change is a text
 edit of SGLang's function, the same in the plugin and in the patch; the draft extend's edit
 sits on top of back-port 10's.
 """
@@ -32,18 +35,24 @@ from __future__ import annotations
 
 from sglang_futuremap_patch._engine import Backport, Target, TextEdit
 
-_INIT_EDITS = (
+_GRAPHS_EDITS = (
     TextEdit(
         old="""\
-    with (
-        self.draft_tp_context(self.draft_runner.tp_group),
+    self.cuda_graph_runner_for_draft_extend = None
+
+    if self.server_args.disable_cuda_graph:
 """,
         new="""\
+    self.cuda_graph_runner_for_draft_extend = None
+
     # topk 1 makes the draft tree a chain: its parents and the positions draft_forward
-    # keeps are the same for every request and iteration (built before the CUDA graphs).
+    # keeps are the same for every request and iteration. Built here, before the draft
+    # graph captures draft_forward, by every draft worker (StandaloneDraftWorker has its
+    # own __init__) and again whenever the graphs are rebuilt for another step count.
     self.chain_parents = self.chain_positions = None
     if self.topk == 1 and self.speculative_num_steps > 1:
-        rows = max(server_args.cuda_graph_max_bs or 0, server_args.max_running_requests or 0, 1)
+        args = self.server_args
+        rows = max(args.cuda_graph_max_bs or 0, args.max_running_requests or 0, 1)
         steps = self.speculative_num_steps
         self.chain_parents = torch.arange(
             -1, steps - 1, dtype=torch.long, device=self.device
@@ -51,8 +60,8 @@ _INIT_EDITS = (
         self.chain_positions = torch.arange(
             steps, dtype=torch.long, device=self.device
         ).repeat(rows, 1)
-    with (
-        self.draft_tp_context(self.draft_runner.tp_group),
+
+    if self.server_args.disable_cuda_graph:
 """,
     ),
 )
@@ -64,7 +73,7 @@ _DRAFT_FORWARD_EDITS = (
         topk_p, topk_index = fast_topk(probs, self.topk, dim=-1)
 """,
         new="""\
-        if self.topk == 1:
+        if self.topk == 1 and not _is_hip:
             # One candidate per step: the largest logit, no softmax over the vocabulary.
             topk_index = torch.argmax(
                 logits_output.next_token_logits, dim=-1, keepdim=True
@@ -82,7 +91,7 @@ _DRAFT_FORWARD_EDITS = (
 """,
         new="""\
     # Organize the results
-    chain = self.chain_parents
+    chain = getattr(self, "chain_parents", None)
     if (
         chain is not None
         and token_list[0].shape[0] <= chain.shape[0]
@@ -103,7 +112,7 @@ _DRAFT_EXTEND_EDITS = (
     ret_topk_p, ret_topk_index = fast_topk(probs, self.topk, dim=-1)
 """,
         new="""\
-    if self.topk == 1:
+    if self.topk == 1 and not _is_hip:
         ret_topk_index = torch.argmax(
             draft_logits_output.next_token_logits, dim=-1, keepdim=True
         )
@@ -122,7 +131,7 @@ _CAPTURE_EDITS = (
         ret.topk_p, ret.topk_index = fast_topk(probs, self.topk, dim=-1)
 """,
         new="""\
-        if self.topk == 1:
+        if self.topk == 1 and torch.version.hip is None:
             ret.topk_index = torch.argmax(ret.next_token_logits, dim=-1, keepdim=True)
             ret.topk_p = torch.ones_like(ret.topk_index, dtype=torch.float32)
         else:
@@ -143,8 +152,8 @@ BACKPORT = Backport(
             "positions (no full-vocabulary softmax, no cat/topk/sort/gather per draft)",
     applied_upstream="0.5.13",
     targets=(
-        Target(_WORKER, "EagleDraftWorker.__init__", None, expected="ef2204ef0f774b47", kind="edit",
-               edits=_INIT_EDITS),
+        Target(_WORKER, "EagleDraftWorker.init_cuda_graphs", None, expected="99c0cd9eb7407151",
+               kind="edit", edits=_GRAPHS_EDITS),
         Target(_WORKER, "EagleDraftWorker.draft_forward", None, expected="f1c2aef37c03ac0b", kind="edit",
                edits=_DRAFT_FORWARD_EDITS),
         # On top of back-port 10's edit of the same function (its fingerprint).
