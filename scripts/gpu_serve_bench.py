@@ -225,6 +225,41 @@ def worse_cells(summary: dict[str, Any], tolerance: float = 0.03) -> list[str]:
     return out
 
 
+PLOT_KEYS = (("median_ttft_ms", "TTFT p50", "#d62728"), ("p99_ttft_ms", "TTFT p99", "#ff9896"),
+             ("median_tpot_ms", "TPOT p50", "#1f77b4"), ("median_itl_ms", "ITL p50", "#2ca02c"),
+             ("output_throughput", "out tok/s", "#7f7f7f"))
+
+
+def plot_svg(summary: dict[str, Any], title: str) -> str:
+    """An SVG line plot of how much better patched is (``summary['ratio']``) per concurrency, one
+    line per metric of ``PLOT_KEYS``, with the parity line (x1.0) and the +3% latency bound."""
+    conc = sorted(summary["ratio"])
+    vals = [r for c in conc for k, _, _ in PLOT_KEYS if (r := summary["ratio"][c].get(k)) is not None]
+    if not conc or not vals:
+        return ""
+    lo, hi = min(0.7, min(vals)), max(1.4, max(vals))
+    w, h, left, right, top, bottom = 640, 360, 56, 110, 28, 36
+    x = lambda i: left + (w - left - right) * (i / max(1, len(conc) - 1))  # noqa: E731
+    y = lambda v: top + (h - top - bottom) * (hi - v) / (hi - lo)  # noqa: E731
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+           'font-size="11">', f'<text x="{left}" y="16">{title} (patched vs stock, above 1 = better)</text>']
+    for v, dash in ((1.0, ""), (1 / 1.03, ' stroke-dasharray="4 3"')):
+        out.append(f'<line x1="{left}" x2="{w - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="black"{dash}/>')
+    for v in sorted({round(lo, 1), 1.0, round(hi, 1)}):
+        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">x{v:.1f}</text>')
+    for i, c in enumerate(conc):
+        out.append(f'<text x="{x(i):.1f}" y="{h - bottom + 16}" text-anchor="middle">{c}</text>')
+    out.append(f'<text x="{(left + w - right) / 2:.0f}" y="{h - 4}" text-anchor="middle">max concurrency</text>')
+    for n, (k, name, color) in enumerate(PLOT_KEYS):
+        pts = [(x(i), y(r)) for i, c in enumerate(conc) if (r := summary["ratio"][c].get(k)) is not None]
+        if not pts:
+            continue
+        out.append(f'<polyline data-metric="{k}" fill="none" stroke="{color}" stroke-width="2" points="'
+                   + " ".join(f"{px:.1f},{py:.1f}" for px, py in pts) + '"/>')
+        out.append(f'<text x="{w - right + 8}" y="{top + 14 * n + 10}" fill="{color}">{name}</text>')
+    return "\n".join(out + ["</svg>"]) + "\n"
+
+
 # ----------------------------------------------------------------------------- GPU side
 
 
@@ -386,17 +421,22 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
                        "min_prompts": args.min_prompts, "concurrency": args.concurrency, "boots": args.boots}}
 
 
-def merge(paths: Sequence[Path]) -> str:
+def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
+    """The Markdown summary of these records (median over all their boots); with ``plot``, also
+    an SVG of the patched / stock ratios there."""
     docs = [json.loads(p.read_text()) for p in paths]
     runs = [r for d in docs for r in d["runs"] if not r.get("error") or r["cells"]]
     summary = summarize(runs)
     env = docs[0]["environment"]
     worse = worse_cells(summary)
     lines = [f"Serving benchmark, {env['date']}, {env['gpu']}, SGLang {env['sglang']}, backend "
-             f"{env['config']['backend']} {' '.join(env['config']['server_args'])}".rstrip(), "",
+             f"{env['config']['backend']} {' '.join(env['config']['server_args'])}".rstrip()
+             + f", dataset {env['config'].get('dataset', 'random-ids')}", "",
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
              "Latency cells more than 3% worse patched: " + ("; ".join(worse) if worse else "none")]
+    if plot is not None:
+        plot.write_text(plot_svg(summary, f"{env['gpu']}, backend {env['config']['backend']}"))
     sched = format_sched_table(summary)
     if sched:
         lines += ["", "Inside the scheduler (`--timeline`; ms, median over requests, then over boots; a prefill's "
@@ -426,13 +466,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="record the scheduler timeline (scripts/gpu_probe/sched_timeline.py) and split each "
                         "cell's TTFT inside the scheduler (cells' 'sched'); both sides alike")
     p.add_argument("--merge", nargs="+", type=Path, help="print the summary of these records instead")
+    p.add_argument("--plot", type=Path, help="with --merge: also write an SVG of the ratios there")
     args = p.parse_args(argv)
     if args.merge:
         missing = [str(m) for m in args.merge if not m.is_file()]
         if missing:
             print(f"error: no such record: {', '.join(missing)}", file=sys.stderr)
             return 2
-        sys.stdout.write(merge(args.merge))
+        sys.stdout.write(merge(args.merge, args.plot))
         return 0
     if args.out is None:
         p.error("--out is required (or --merge)")
@@ -456,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize([r for r in doc["runs"] if r["cells"]])
     doc["summary"] = summary
     record.write_text(json.dumps(doc, indent=1) + "\n")
-    (args.out / "serve-bench.md").write_text(merge([record]))
+    (args.out / "serve-bench.md").write_text(merge([record], args.out / "serve-bench.svg"))
     print(format_table(summary))
     return 0
 

@@ -82,6 +82,34 @@ def test_summary_is_the_median_of_boots_and_flags_worse_latency(tmp_path: Path) 
     assert "Latency cells more than 3% worse patched: none" in sb.merge([doc])
 
 
+def test_merge_plots_the_ratios_above_parity_when_patched_is_better(tmp_path: Path) -> None:
+    runs = []
+    for conc, (s_ttft, p_ttft) in {"1": (30, 20), "16": (100, 150)}.items():
+        for variant, ttft in (("stock", s_ttft), ("patched", p_ttft)):
+            run = _run(variant, 0, ttft, 10 if variant == "stock" else 8, 1000)
+            run["cells"] = {conc: run["cells"]["32"]}
+            runs.append(run)
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "triton", "server_args": []}}, "runs": runs}))
+    svg_path = tmp_path / "r.svg"
+    sb.main(["--merge", str(doc), "--plot", str(svg_path)])
+    svg = svg_path.read_text()
+    assert svg.startswith("<svg") and "backend triton" in svg
+    parity = float(svg.split('<line x1="56" x2="530" y1="')[1].split('"')[0])
+
+    def ys(metric: str) -> list[float]:
+        pts = svg.split(f'data-metric="{metric}"')[1].split('points="')[1].split('"')[0].split()
+        return [float(p.split(",")[1]) for p in pts]
+
+    # TTFT p50: x1.5 better at concurrency 1 (above parity: smaller y), x0.67 at 16 (below).
+    ttft = ys("median_ttft_ms")
+    assert len(ttft) == 2 and ttft[0] < parity < ttft[1]
+    tpot = ys("median_tpot_ms")
+    assert all(y < parity for y in tpot) and tpot[0] == tpot[1]  # x1.25 at both
+    assert 'data-metric="median_itl_ms"' not in svg  # in PLOT_KEYS but no values: no line
+
+
 def test_occupancy_is_read_from_sglangs_decode_lines() -> None:
     log = ("Decode batch, #running-req: 32, fwd occupancy: nan%\n"
            "Decode batch, #running-req: 32, fwd occupancy: 91.50%\nDecode batch, fwd occupancy: 95.50%\n")
