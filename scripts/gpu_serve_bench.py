@@ -52,7 +52,9 @@ import sched_timeline  # noqa: E402  (pure helpers; the probe itself loads in th
 DATASETS_STAND_IN = ROOT / "tests" / "gpu" / "kits" / "stand_ins"
 BACKENDS = {"default": (), "triton": ("--attention-backend", "triton"),
             "flashinfer": ("--attention-backend", "flashinfer"), "fa3": ("--attention-backend", "fa3")}
-MODES = {"stock": "off", "patched": "strict"}
+#: ``upstream``: stock SGLang of another site folder (0.5.13, the release with publish/stash:
+#: ``--upstream-site``), the plugin off; the bench client stays on the current SGLang.
+MODES = {"stock": "off", "patched": "strict", "upstream": "off"}
 SPEC_ARGS = ("--speculative-algorithm", "STANDALONE", "--speculative-num-steps", "3",
              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 #: Launch flags every server gets (recorded with the results): with SGLang's default memory
@@ -154,25 +156,32 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {"variants": {}, "ratio": {}}
     for variant, by_c in cells.items():
         summary["variants"][variant] = {c: {k: spread(v) for k, v in d.items()} for c, d in sorted(by_c.items())}
-    stock, patched = summary["variants"].get("stock", {}), summary["variants"].get("patched", {})
-    for c in sorted(set(stock) & set(patched)):
-        row = {}
-        for k in (*LATENCY_KEYS, "output_throughput"):
-            s, p = stock[c].get(k), patched[c].get(k)
-            if s and p and s["median"] and p["median"]:
-                row[k] = s["median"] / p["median"] if k in LATENCY_KEYS else p["median"] / s["median"]
-        summary["ratio"][c] = row
+    stock = summary["variants"].get("stock", {})
+    for other, key in (("patched", "ratio"), ("upstream", "ratio_upstream")):
+        theirs = summary["variants"].get(other, {})
+        if other != "patched" and not theirs:
+            continue
+        summary[key] = {}
+        for c in sorted(set(stock) & set(theirs)):
+            row = {}
+            for k in (*LATENCY_KEYS, "output_throughput"):
+                s, p = stock[c].get(k), theirs[c].get(k)
+                if s and p and s["median"] and p["median"]:
+                    row[k] = s["median"] / p["median"] if k in LATENCY_KEYS else p["median"] / s["median"]
+            summary[key][c] = row
     return summary
 
 
-def format_table(summary: dict[str, Any]) -> str:
-    """Markdown: one row per concurrency, stock -> patched medians and how much better patched is."""
+def format_table(summary: dict[str, Any], other: str = "patched") -> str:
+    """Markdown: one row per concurrency, stock -> ``other`` medians and how much better
+    ``other`` (patched, or upstream) is."""
     cols = [("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"), ("median_tpot_ms", "TPOT p50"),
             ("p99_tpot_ms", "TPOT p99"), ("median_itl_ms", "ITL p50"), ("p99_itl_ms", "ITL p99"),
             ("output_throughput", "out tok/s")]
     head = "| conc | " + " | ".join(name for _, name in cols) + " | accept | fwd occupancy |"
     lines = [head, "|" + "---|" * (len(cols) + 3)]
-    stock, patched = summary["variants"].get("stock", {}), summary["variants"].get("patched", {})
+    stock, patched = summary["variants"].get("stock", {}), summary["variants"].get(other, {})
+    ratio = summary["ratio" if other == "patched" else f"ratio_{other}"]
 
     def med(d: dict[str, Any], k: str) -> float | None:
         return (d.get(k) or {}).get("median")
@@ -180,7 +189,7 @@ def format_table(summary: dict[str, Any]) -> str:
     for c in sorted(set(stock) & set(patched)):
         cells = []
         for k, _ in cols:
-            s, p, r = med(stock[c], k), med(patched[c], k), summary["ratio"][c].get(k)
+            s, p, r = med(stock[c], k), med(patched[c], k), ratio[c].get(k)
             cells.append("-" if s is None or p is None else f"{s:.1f} -> {p:.1f} (x{r:.3f})")
         acc = [med(stock[c], "accept_length"), med(patched[c], "accept_length")]
         occ = [med(stock[c], "fwd_occupancy"), med(patched[c], "fwd_occupancy")]
@@ -328,13 +337,20 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
     env = dict(os.environ, SGLANG_FUTUREMAP_PATCH=MODES[variant], SGLANG_ENABLE_METRICS_DEVICE_TIMER="1",
                PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([str(DATASETS_STAND_IN), env.get("PYTHONPATH", "")])
+    server_base = upstream_env(env, args.upstream_site) if variant == "upstream" else env
     timeline_dir = args.out / "timeline" / tag if args.timeline else None
     argv = server_argv(target, draft, args.backend, port, args.server_arg)
     run: dict[str, Any] = {"variant": variant, "boot": boot, "cells": {}, "error": None}
+    if variant == "upstream":
+        run["sglang"] = ge.site_sglang_version(args.upstream_site)
+        if run["sglang"] is None:
+            run["error"] = (f"upstream site {args.upstream_site} holds no SGLang "
+                            "(bash scripts/gpu/stage_upstream.sh with .gpu-0513 sent along)")
+            return run
     windows: dict[int, tuple[float, float]] = {}
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=server_env(env, timeline_dir),
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=server_env(server_base, timeline_dir),
                                 start_new_session=True)
     # bench_serving's client imports SGLang once, while the server boots (see serve_bench_client.py).
     client = BenchClient(env, args.out / "logs" / f"{tag}-bench.log")
@@ -383,6 +399,12 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
     if timeline_dir is not None:
         add_sched_breakdown(run, timeline_dir, windows)
     return run
+
+
+def upstream_env(env: dict[str, str], site: str) -> dict[str, str]:
+    """The upstream server's environment: ``site`` first on ``PYTHONPATH`` and every other entry
+    that holds an SGLang dropped (the stand-ins stay); the plugin's switch is off anyway."""
+    return dict(env, PYTHONPATH=ge.pythonpath_for_site(env.get("PYTHONPATH"), site))
 
 
 def server_env(env: dict[str, str], timeline_dir: Path | None) -> dict[str, str]:
@@ -435,6 +457,10 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
              "Latency cells more than 3% worse patched: " + ("; ".join(worse) if worse else "none")]
+    if summary.get("ratio_upstream"):
+        ups = sorted({r.get("sglang") for r in runs if r["variant"] == "upstream"} - {None})
+        lines += ["", f"Stock -> upstream (stock SGLang {', '.join(ups) or '?'}, its own site, no plugin; "
+                  "x: how much better upstream is):", "", format_table(summary, "upstream")]
     if plot is not None:
         plot.write_text(plot_svg(summary, f"{env['gpu']}, backend {env['config']['backend']}"))
     sched = format_sched_table(summary)
@@ -449,7 +475,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--out", type=Path, help="folder for serve-bench.json, serve-bench.md, logs/ and bench/")
     p.add_argument("--backend", choices=sorted(BACKENDS), default="default")
-    p.add_argument("--variants", default="stock,patched")
+    p.add_argument("--variants", default="stock,patched",
+                   help="comma-separated from stock, patched, upstream (stock SGLang of --upstream-site)")
+    p.add_argument("--upstream-site", default=ge.upstream_site(None),
+                   help="site folder of the upstream variant (default: where .gpu-0513/activate.sh unpacks)")
     p.add_argument("--boots", type=int, default=3, help="fresh servers per variant")
     p.add_argument("--concurrency", type=parse_int_list, default=parse_int_list("1,4,8,13,16,32,45,48"))
     p.add_argument("--dataset", choices=("random-ids", "generated-shared-prefix"), default="random-ids")

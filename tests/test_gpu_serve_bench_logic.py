@@ -110,6 +110,38 @@ def test_merge_plots_the_ratios_above_parity_when_patched_is_better(tmp_path: Pa
     assert 'data-metric="median_itl_ms"' not in svg  # in PLOT_KEYS but no values: no line
 
 
+def test_upstream_runs_its_own_sglang_and_gets_its_own_table(tmp_path: Path) -> None:
+    current, upstream = tmp_path / "site312", tmp_path / "site312-0.5.13"
+    for site, version in ((current, "0.5.12.post1"), (upstream, "0.5.13")):
+        (site / "sglang").mkdir(parents=True)
+        (site / "sglang" / "__init__.py").write_text("")
+        (site / "sglang" / "_version.py").write_text(f'__version__ = "{version}"\n')
+    env = sb.upstream_env({"PYTHONPATH": os.pathsep.join([str(sb.DATASETS_STAND_IN), str(current)])}, str(upstream))
+    # The upstream SGLang first, the current one gone, the datasets stand-in kept.
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(upstream), str(sb.DATASETS_STAND_IN)]
+    runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 120, 8, 1250), _run("upstream", 0, 80, 9, 1100)]
+    runs[2]["sglang"] = "0.5.13"
+    summary = sb.summarize(runs)
+    assert summary["ratio"][32]["median_ttft_ms"] == pytest.approx(100 / 120)
+    assert summary["ratio_upstream"][32]["median_ttft_ms"] == pytest.approx(100 / 80)
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "triton", "server_args": []}}, "runs": runs}))
+    text = sb.merge([doc])
+    assert "| 32 | 100.0 -> 120.0 (x0.833)" in text  # stock -> patched
+    assert "stock SGLang 0.5.13" in text and "| 32 | 100.0 -> 80.0 (x1.250)" in text  # stock -> upstream
+    assert "conc 32 median_ttft_ms: x0.833" in text  # the worse-cells line is about patched only
+    # Without an upstream run there is no upstream table.
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "triton", "server_args": []}}, "runs": runs[:2]}))
+    assert "upstream" not in sb.merge([doc])
+    # An upstream site without SGLang: the run says so instead of starting a server.
+    args = argparse.Namespace(out=tmp_path / "out", timeline=False, upstream_site=str(tmp_path / "none"),
+                              backend="triton", server_arg=[], concurrency=[1])
+    run = sb.run_server("upstream", 0, "t", "d", args, deadline=0.0, port=1)
+    assert run["error"].startswith("upstream site") and not run["cells"]
+
+
 def test_occupancy_is_read_from_sglangs_decode_lines() -> None:
     log = ("Decode batch, #running-req: 32, fwd occupancy: nan%\n"
            "Decode batch, #running-req: 32, fwd occupancy: 91.50%\nDecode batch, fwd occupancy: 95.50%\n")
