@@ -287,12 +287,29 @@ class TargetCheck:
     detail: str = ""
 
 
+#: Every value ``Verdict.decision`` takes, and what it means.
+DECISIONS: dict[str, str] = {
+    "patch": "every target matches its pristine fingerprint: the back-ports can be installed",
+    "applied": "already installed in this process",
+    "upstream": "nothing to do: the SGLang release or the source (patches/ applied) has it",
+    "unsupported": "an SGLang version this plugin does not cover",
+    "mismatch": "a supported version whose source differs from the pristine one: nothing installed",
+    "unavailable": "SGLang itself does not import (a broken install, a CPU host without its modules)",
+    "off": "disabled by SGLANG_FUTUREMAP_PATCH=off",
+    "failed": "installing raised; what was installed was undone (SGLang runs its own code)",
+}
+
+
 @dataclass
 class Verdict:
     sglang_version: str
-    decision: str  # "patch" | "upstream" | "unsupported" | "mismatch" | "applied" | "unavailable"
+    decision: str  # one of DECISIONS
     reason: str
     checks: dict[str, list[TargetCheck]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.decision not in DECISIONS:
+            raise ValueError(f"unknown verdict decision {self.decision!r} (one of {sorted(DECISIONS)})")
 
     @property
     def ok(self) -> bool:

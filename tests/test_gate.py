@@ -301,3 +301,23 @@ def test_an_edit_may_follow_an_edit_of_the_same_function(clean_state, monkeypatc
     verdict = _engine.gate(series)
     assert verdict.decision == "mismatch"
     assert [c.detail for c in verdict.checks["b"]] == ["the source lacks this link's edits"]
+
+
+def test_every_verdict_decision_is_one_documented_value() -> None:
+    import re
+    from pathlib import Path
+
+    with pytest.raises(ValueError, match="unknown verdict decision 'bogus'"):
+        _engine.Verdict("0.5.12.post1", "bogus", "")
+    for decision in _engine.DECISIONS:
+        assert _engine.Verdict("0.5.12.post1", decision, "").decision == decision
+    # Every decision the package's code writes, by construction or by assignment, is documented.
+    root = Path(_engine.__file__).parent
+    written = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        written |= set(re.findall(r'Verdict\([^,()]+, "(\w+)"', text))
+        written |= set(re.findall(r'decision(?:, [\w.]+)? = "(\w+)"', text))
+        written |= {v for k, v in re.findall(r'^(\w+) = "(\w+)"$', text, re.M) if k == "UNAVAILABLE"}
+    assert {"patch", "off", "failed", "unavailable"} <= written
+    assert written <= set(_engine.DECISIONS), written - set(_engine.DECISIONS)
