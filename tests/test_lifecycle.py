@@ -123,3 +123,13 @@ def test_apply_before_or_after_sglang_is_imported(import_sglang_first):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_the_readmes_startup_line_has_the_counts_the_plugin_logs(clean_state):
+    """The README quotes the plugin's startup line; its figures are the ones the code logs."""
+    import re
+
+    report = plugin.apply(mode="strict")
+    readme = (ROOT / "README.md").read_text()
+    quoted = set(re.findall(r"applied (\d+) back-ports \((\d+) targets\)", readme))
+    assert quoted == {(str(len(report.applied)), str(len(_engine.installed_paths())))}, quoted

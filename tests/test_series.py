@@ -314,3 +314,26 @@ def test_check_a_wheel_shaped_tree(post1, tmp_path):
     git(repo, "commit", "-q", "-m", "site-packages")
     ok, message = series_tools.check(repo, PATCHES)
     assert ok, message
+
+
+def test_module_docstrings_number_the_back_ports_as_series_does() -> None:
+    """"Back-port N" in a module's first line is its place in SERIES, and a mention of another
+    back-port by number and name ("back-port 14 (draft-extend-lens" in the README) names the
+    module at that place."""
+    import importlib
+    import re
+    from pathlib import Path
+
+    from sglang_futuremap_patch.backports import SERIES
+
+    ids = {}
+    for i, name in enumerate(SERIES, 1):
+        module = importlib.import_module(f"sglang_futuremap_patch.backports.{name}")
+        assert module.__doc__.startswith(f"Back-port {i}: "), (name, module.__doc__.splitlines()[0])
+        ids[i] = module.BACKPORT.id
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    mentions = re.findall(r"back-port (\d+) \(([a-z0-9-]+)", readme, re.I)
+    assert mentions, "the README names back-ports by number and id"
+    for number, bp_id in mentions:
+        if bp_id in ids.values():
+            assert ids[int(number)] == bp_id, (number, bp_id)
