@@ -52,9 +52,17 @@ import sched_timeline  # noqa: E402  (pure helpers; the probe itself loads in th
 DATASETS_STAND_IN = ROOT / "tests" / "gpu" / "kits" / "stand_ins"
 BACKENDS = {"default": (), "triton": ("--attention-backend", "triton"),
             "flashinfer": ("--attention-backend", "flashinfer"), "fa3": ("--attention-backend", "fa3")}
-#: ``upstream``: stock SGLang of another site folder (0.5.13, the release with publish/stash:
-#: ``--upstream-site``), the plugin off; the bench client stays on the current SGLang.
-MODES = {"stock": "off", "patched": "strict", "upstream": "off"}
+#: Variant -> (the plugin's mode, extra server environment). ``upstream``: stock SGLang of another
+#: site folder (0.5.13, the release with publish/stash: ``--upstream-site``), the plugin off; the
+#: bench client stays on the current SGLang. ``patched-prefill-first``: the plugin with back-port
+#: 16's opt-in reordering on (a small or finished prefill's result processed before the next
+#: launch), to measure it beside ``patched``.
+MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}),
+         "patched-prefill-first": ("strict", {"SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"})}
+#: Variants that run the plugin (its startup line must be in their log, and only theirs).
+PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")
+#: Bootstrap resamples for the pooled TTFT ratios' interval (seeded: the record is reproducible).
+BOOTSTRAP_N = 1000
 SPEC_ARGS = ("--speculative-algorithm", "STANDALONE", "--speculative-num-steps", "3",
              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 #: Launch flags every server gets (recorded with the results): with SGLang's default memory
@@ -103,7 +111,8 @@ def bench_argv(model: str, port: int, concurrency: int, prompts: int, out_file: 
     argv = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1",
             "--port", str(port), "--tokenizer", model, "--model", model, "--num-prompts", str(prompts),
             "--max-concurrency", str(concurrency), "--output-file", str(out_file), "--disable-tqdm",
-            "--seed", str(cell_seed(args.seed, concurrency)), "--warmup-requests", "1"]
+            "--seed", str(cell_seed(args.seed, concurrency)),
+            "--warmup-requests", str(warmup_requests(args.warmup, concurrency)), "--output-details"]
     if args.dataset == "random-ids":
         argv += ["--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
                  "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0"]
@@ -112,6 +121,80 @@ def bench_argv(model: str, port: int, concurrency: int, prompts: int, out_file: 
                  "--gsp-prompts-per-group", "8", "--gsp-system-prompt-len", str(args.input_len),
                  "--gsp-question-len", "64", "--gsp-output-len", str(args.output_len)]
     return argv
+
+
+def warmup_requests(mode: str, concurrency: int) -> int:
+    """bench_serving's warm-up, sent at once before the measured requests: ``one`` request
+    (its default), or a ``wave`` of ``concurrency`` requests. A server compiles kernels and
+    captures shapes the first time a batch size or token count occurs (a prefill launch of
+    100-200 ms instead of 15-30, on either side); one request only warms size 1, so the first
+    wave of every cell paid that, at random, in the TTFT it measured."""
+    return concurrency if mode == "wave" else 1
+
+
+def request_ttfts(bench: dict[str, Any]) -> list[float] | None:
+    """Per-request TTFT (ms, 0.1 ms) of a bench_serving result written with ``--output-details``."""
+    ttfts = bench.get("ttfts")
+    if not ttfts:
+        return None
+    return [round(t * 1e3, 1) for t in ttfts if t is not None and t > 0]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0-1) with linear interpolation (numpy's default)."""
+    vals = sorted(values)
+    pos = (len(vals) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+
+
+def pooled_ttft(runs: Sequence[dict[str, Any]], other: str = "patched", seed: int = 0) -> dict[int, dict[str, Any]]:
+    """TTFT p50 / p99 over every request of every boot, per concurrency, stock and ``other``,
+    and how much better ``other`` is (stock / other) with a 90% bootstrap interval.
+
+    A boot's cell holds 4-16 waves of requests that arrive together, so its own median moves
+    by 10-40% between boots; pooling the requests of all boots is what the +3% target can be
+    checked against. The interval resamples requests within each side (seeded)."""
+    import random
+
+    pools: dict[str, dict[int, list[float]]] = {}
+    for run in runs:
+        for c, vals in run["cells"].items():
+            if vals.get("ttfts_ms"):
+                pools.setdefault(run["variant"], {}).setdefault(int(c), []).extend(vals["ttfts_ms"])
+    stock, theirs = pools.get("stock", {}), pools.get(other, {})
+    rng = random.Random(seed)
+    out: dict[int, dict[str, Any]] = {}
+    for c in sorted(set(stock) & set(theirs)):
+        s, o = stock[c], theirs[c]
+        row: dict[str, Any] = {"n": [len(s), len(o)]}
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            ratios = []
+            for _ in range(BOOTSTRAP_N):
+                rs = [s[rng.randrange(len(s))] for _ in s]
+                ro = [o[rng.randrange(len(o))] for _ in o]
+                ratios.append(percentile(rs, q) / percentile(ro, q))
+            row[name] = {"stock": percentile(s, q), other: percentile(o, q),
+                         "ratio": percentile(s, q) / percentile(o, q),
+                         "ci90": [percentile(ratios, 0.05), percentile(ratios, 0.95)]}
+        out[c] = row
+    return out
+
+
+def format_pooled_table(pooled: dict[int, dict[str, Any]], other: str = "patched") -> str:
+    """Markdown: pooled TTFT per concurrency, stock -> ``other`` (x: how much better, [90% CI])."""
+    if not pooled:
+        return ""
+    lines = ["| conc | requests (stock / " + other + ") | TTFT p50 | TTFT p99 |", "|---|---|---|---|"]
+    for c, row in sorted(pooled.items()):
+        cells = []
+        for name in ("p50", "p99"):
+            r = row[name]
+            cells.append(f"{r['stock']:.1f} -> {r[other]:.1f} (x{r['ratio']:.3f} [{r['ci90'][0]:.3f}, "
+                         f"{r['ci90'][1]:.3f}])")
+        lines.append(f"| {c} | {row['n'][0]} / {row['n'][1]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def occupancy(log_text: str) -> float | None:
@@ -125,12 +208,15 @@ def cell_values(bench: dict[str, Any], occ: float | None) -> dict[str, Any]:
     out = {k: bench.get(k) for k in (*LATENCY_KEYS, "mean_ttft_ms", "output_throughput", "accept_length",
                                       "completed")}
     out["fwd_occupancy"] = occ
+    ttfts = request_ttfts(bench)
+    if ttfts:
+        out["ttfts_ms"] = ttfts
     return out
 
 
 def flat_cell(vals: dict[str, Any]) -> dict[str, Any]:
     """A cell's values with the scheduler split (``sched``, a dict) as ``sched_<key>`` entries."""
-    out = {k: v for k, v in vals.items() if k != "sched"}
+    out = {k: v for k, v in vals.items() if k not in ("sched", "ttfts_ms")}
     for k, v in (vals.get("sched") or {}).items():
         if not isinstance(v, dict):  # per-site waits stay in the record only
             out[f"sched_{k}"] = v
@@ -157,7 +243,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for variant, by_c in cells.items():
         summary["variants"][variant] = {c: {k: spread(v) for k, v in d.items()} for c, d in sorted(by_c.items())}
     stock = summary["variants"].get("stock", {})
-    for other, key in (("patched", "ratio"), ("upstream", "ratio_upstream")):
+    others = [("patched", "ratio")] + [(v, f"ratio_{v}") for v in MODES if v not in ("stock", "patched")]
+    for other, key in others:
         theirs = summary["variants"].get(other, {})
         if other != "patched" and not theirs:
             continue
@@ -334,8 +421,9 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
     tag = f"{variant}-boot{boot}"
     log_path = args.out / "logs" / f"{tag}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, SGLANG_FUTUREMAP_PATCH=MODES[variant], SGLANG_ENABLE_METRICS_DEVICE_TIMER="1",
-               PYTHONUNBUFFERED="1")
+    mode, extra_env = MODES[variant]
+    env = dict(os.environ, SGLANG_FUTUREMAP_PATCH=mode, SGLANG_ENABLE_METRICS_DEVICE_TIMER="1",
+               PYTHONUNBUFFERED="1", **extra_env)
     env["PYTHONPATH"] = os.pathsep.join([str(DATASETS_STAND_IN), env.get("PYTHONPATH", "")])
     server_base = upstream_env(env, args.upstream_site) if variant == "upstream" else env
     timeline_dir = args.out / "timeline" / tag if args.timeline else None
@@ -363,7 +451,7 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
         run["start_s"] = round(time.monotonic() - t0, 1)
         applied = "sglang_futuremap_patch: applied" in log_path.read_text(errors="replace")
         run["plugin_applied"] = applied
-        if applied != (variant == "patched"):
+        if applied != (variant in PATCHED_VARIANTS):
             # A stock server that got patched, or a patched one that did not: no comparison.
             run["error"] = f"{variant} server: plugin {'applied' if applied else 'not applied'}"
             return run
@@ -440,7 +528,8 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
             "config": {"model": "8B-shaped Llama, dummy weights; 1-layer STANDALONE draft, 3/1/4",
                        "backend": args.backend, "server_args": [*DEFAULT_SERVER_ARGS, *args.server_arg], "dataset": args.dataset,
                        "input_len": args.input_len, "output_len": args.output_len, "rounds": args.rounds,
-                       "min_prompts": args.min_prompts, "concurrency": args.concurrency, "boots": args.boots}}
+                       "min_prompts": args.min_prompts, "concurrency": args.concurrency, "boots": args.boots,
+                       "warmup": args.warmup}}
 
 
 def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
@@ -461,6 +550,15 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
         ups = sorted({r.get("sglang") for r in runs if r["variant"] == "upstream"} - {None})
         lines += ["", f"Stock -> upstream (stock SGLang {', '.join(ups) or '?'}, its own site, no plugin; "
                   "x: how much better upstream is):", "", format_table(summary, "upstream")]
+    if summary.get("ratio_patched-prefill-first"):
+        lines += ["", "Stock -> patched-prefill-first (the plugin with back-port 16's opt-in on: a small or "
+                  "finished prefill's result processed before the next launch):", "",
+                  format_table(summary, "patched-prefill-first")]
+    for other in [v for v in MODES if v != "stock"]:
+        pooled = format_pooled_table(pooled_ttft(runs, other), other)
+        if pooled:
+            lines += ["", f"TTFT over every request of every boot, stock -> {other} (x: how much better "
+                      f"{other} is; [90% bootstrap interval]):", "", pooled]
     if plot is not None:
         plot.write_text(plot_svg(summary, f"{env['gpu']}, backend {env['config']['backend']}"))
     sched = format_sched_table(summary)
@@ -486,6 +584,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--rounds", type=int, default=4, help="requests per cell = rounds x concurrency ...")
     p.add_argument("--min-prompts", type=int, default=12, help="... but at least this many")
+    p.add_argument("--warmup", choices=("wave", "one"), default="wave",
+                   help="bench_serving's warm-up per cell: a wave of <concurrency> requests (default) or "
+                        "one request (its own default; the records before 2026-11-24)")
     p.add_argument("--server-arg", action="append", default=[], help="one more launch_server flag (repeatable)")
     p.add_argument("--first-boot", type=int, default=0, help="index of the first boot (to alternate across calls)")
     p.add_argument("--budget", type=float, default=540, help="seconds for the whole run; a cut-off is recorded")

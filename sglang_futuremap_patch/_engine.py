@@ -176,7 +176,7 @@ class Backport:
 
     @property
     def pr_list(self) -> str:
-        return ", ".join(f"#{n}" for n in self.upstream_prs)
+        return ", ".join(f"#{n}" for n in self.upstream_prs) or "no upstream PR"
 
 
 # ----------------------------------------------------------------------------- fingerprints

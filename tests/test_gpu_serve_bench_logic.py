@@ -44,7 +44,7 @@ def test_bench_command_goes_through_bench_servings_parser(tmp_path: Path, monkey
     monkeypatch.syspath_prepend(str(sb.DATASETS_STAND_IN))  # as the benchmark runs it
     import sglang.bench_serving as bs
 
-    args = argparse.Namespace(dataset="random-ids", input_len=256, output_len=256, seed=1)
+    args = argparse.Namespace(dataset="random-ids", input_len=256, output_len=256, seed=1, warmup="wave")
     argv = sb.bench_argv("/m/target", 31200, 13, 39, tmp_path / "o.jsonl", args)
     captured = {}
     monkeypatch.setattr(bs, "run_benchmark", lambda ns: captured.setdefault("ns", ns))
@@ -55,6 +55,58 @@ def test_bench_command_goes_through_bench_servings_parser(tmp_path: Path, monkey
     ns = captured["ns"]
     assert (ns.dataset_name, ns.max_concurrency, ns.num_prompts, ns.random_input_len, ns.random_range_ratio) == (
         "random-ids", 13, 39, 256, 1.0)
+    # A warm-up wave at the cell's concurrency, and the per-request TTFTs in the output file.
+    assert ns.warmup_requests == 13 and ns.output_details
+    assert sb.warmup_requests("one", 13) == 1 and sb.warmup_requests("wave", 48) == 48
+
+
+def _pooled_run(variant: str, boot: int, ttfts: list[float]) -> dict:
+    cell = {k: None for k in (*sb.LATENCY_KEYS, *sb.OTHER_KEYS)}
+    cell.update(median_ttft_ms=sorted(ttfts)[len(ttfts) // 2], ttfts_ms=ttfts)
+    return {"variant": variant, "boot": boot, "cells": {"8": cell}, "error": None}
+
+
+def test_cells_keep_each_requests_ttft_and_the_summary_pools_them(tmp_path: Path) -> None:
+    bench = {"median_ttft_ms": 50.0, "ttfts": [0.0501234, 0.0612, 0.0, None]}
+    vals = sb.cell_values(bench, 97.0)
+    assert vals["ttfts_ms"] == [50.1, 61.2]  # failed requests (no TTFT) dropped
+    assert "ttfts_ms" not in sb.flat_cell(vals)  # not a per-boot statistic
+    # Two boots per side; pooled, patched is 10% faster at every quantile.
+    stock = [_pooled_run("stock", b, [float(v) for v in range(100 + b, 300, 2)]) for b in (0, 1)]
+    patched = [_pooled_run("patched", b, [v / 1.1 for v in r["cells"]["8"]["ttfts_ms"]]) for b, r in enumerate(stock)]
+    pooled = sb.pooled_ttft(stock + patched)
+    row = pooled[8]
+    assert row["n"] == [200, 200]
+    assert row["p50"]["stock"] == pytest.approx(sb.percentile(
+        stock[0]["cells"]["8"]["ttfts_ms"] + stock[1]["cells"]["8"]["ttfts_ms"], 0.5))
+    for q in ("p50", "p99"):
+        assert row[q]["ratio"] == pytest.approx(1.1)
+        lo, hi = row[q]["ci90"]
+        assert lo <= row[q]["ratio"] <= hi and hi - lo < 0.3
+    assert pooled == sb.pooled_ttft(stock + patched)  # seeded: the record is reproducible
+    # A slower side reads below parity, and the merged record prints the pooled table.
+    slower = [_pooled_run("patched", b, [v * 1.2 for v in r["cells"]["8"]["ttfts_ms"]]) for b, r in enumerate(stock)]
+    assert sb.pooled_ttft(stock + slower)[8]["p50"]["ratio"] == pytest.approx(1 / 1.2)
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "default", "server_args": []}}, "runs": stock + patched}))
+    text = sb.merge([doc])
+    assert "TTFT over every request of every boot, stock -> patched" in text
+    assert "| 8 | 200 / 200 | " in text and "(x1.100 [" in text
+    assert sb.percentile([1, 2, 3, 4], 0.5) == 2.5 and sb.percentile([5], 0.99) == 5
+
+
+def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
+    mode, env = sb.MODES["patched-prefill-first"]
+    assert mode == "strict" and env == {"SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"}
+    from sglang_futuremap_patch.backports import prefill_result_first
+
+    assert prefill_result_first.PREFILL_RESULT_FIRST_ENV in env
+    assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first"}
+    runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
+            _run("patched-prefill-first", 0, 120, 8, 1250)]
+    summary = sb.summarize(runs)
+    assert summary["ratio_patched-prefill-first"][32]["median_ttft_ms"] == pytest.approx(100 / 120)
 
 
 def _run(variant: str, boot: int, ttft: float, tpot: float, tput: float) -> dict:

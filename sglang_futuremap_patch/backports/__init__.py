@@ -24,6 +24,7 @@ SERIES: tuple[str, ...] = (
     "eager_mirror",
     "draft_extend_lens",
     "chain_fast_path",
+    "prefill_result_first",
 )
 
 

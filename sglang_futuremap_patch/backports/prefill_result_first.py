@@ -1,0 +1,121 @@
+"""Back-port 16: a small or finished spec-v2 prefill is processed before the next launch.
+
+Upstream: none (beyond upstream). It extends the overlap loop's own exception, SGLang's
+``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP`` ("disable overlap to improve the TTFT of the
+first batch"), to the cases where it costs the GPU little more than the result processing: the prefill
+has finished, or is small and followed by a decode. Applies to: SGLang 0.5.12 and 0.5.12.post1. Delete when a
+release takes a prefill's result processing out of the next launch's way. Uses no other back-port's code;
+it matters once back-port 3 has removed the verify wait.
+
+Why: in the overlap loop a batch's result is processed after the *next* batch has been
+launched, so a prefill's first tokens leave the scheduler one launch later than the GPU has
+them, stock and patched alike. A decode launch holds the host for 4-8 ms on an 8B-shaped target on H100 (FA3's eager
+draft-extend metadata, the relay) and a prefill launch 15-30 ms (32 eagerly launched attention
+layers under piecewise CUDA graph); a small prefill is done on the GPU long before either ends.
+Taking that launch out of the first token's path is the margin the plugin needs to keep TTFT
+at or below stock (results/serve-bench: TTFT p50 up to 17% above stock at concurrency 4-32
+before, in cells whose boots scatter by 20-40%).
+
+How: ``Scheduler.is_disable_overlap_for_batch`` (the loop asks it once per iteration, after it
+has built the next batch) also answers yes after a spec-v2 prefill when its result's
+``copy_done`` event has completed (``Event.query()``: no wait), or when the next batch is a
+decode and the prefill had at most ``SMALL_PREFILL_TOKENS`` new tokens (then the loop waits
+for it: a few ms, which the overlap order would have spent launching). The loop processes the
+prefill's result first and launches the next batch right after: SGLang's own order for
+consecutive prefills. The next batch was built before, so it is the same batch; the GPU idles
+for the result processing (about 1.5 ms) once per such prefill, and the first tokens leave one
+launch earlier. A large prefill still running keeps the overlap order (its GPU time covers the
+next launch), and so does a running prefill followed by another prefill (the second one's
+requests would wait; ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP`` is SGLang's switch for
+that). Not under DP attention (its ranks must decide alike; SGLang decides with synchronised
+flags there) and not for non-speculative batches (unchanged).
+
+Measured (H100, default configuration, serving benchmark, 2026-11-24, one boot per variant in
+one call, results/serve-bench/h100-prf): inside the scheduler it does what it says at
+concurrency 4 (a prefill's launch end -> its result processing 0.9 ms against 9.7 stock and
+10.0 with the plugin's overlap order) but not at 1 (a 256-token prefill is still running on the
+GPU ~7 ms after its launch returns, so the loop waits about as long as the decode launch would
+have taken); the client's TTFT p50 did not improve beyond the boot-to-boot scatter (two
+near-identical builds differed by up to 20% at concurrency 1-8) and TPOT p50 read 0-9% worse
+than the overlap order in the same call. So it is **opt-in**:
+``SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST=1`` turns it on; unset (or anything else) keeps the
+overlap loop's stock order.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
+
+#: Set to 1 to turn the reordering on (it is off by default: see "Measured" above).
+PREFILL_RESULT_FIRST_ENV = "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST"
+#: A prefill of at most this many new tokens is processed before a following decode launch even
+#: if the loop has to wait for it: its launch is host-bound (15-20 ms of host time on an
+#: 8B-shaped target on H100, under piecewise CUDA graph), so it finishes on the GPU within a few
+#: ms of it. A larger one's GPU time covers the next launch anyway: it keeps the overlap order.
+SMALL_PREFILL_TOKENS = 1024
+
+
+def process_prefill_first(self, batch) -> bool:
+    """Whether the overlap loop should process the last batch, a spec-v2 prefill, before it
+    launches ``batch``: when the prefill has finished on the GPU (the event query does not
+    block), or when ``batch`` is a decode and the prefill is small. Cheap checks first."""
+    last = self.last_batch
+    if (
+        batch is None
+        or not batch.is_spec_v2
+        or last is None
+        or not last.forward_mode.is_extend()
+        or self.require_mlp_sync
+        or not self.result_queue
+    ):
+        return False
+    if os.environ.get("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "").strip() != "1":
+        return False  # opt-in: not measured to pay off (module docstring)
+    copy_done = self.result_queue[0][1].copy_done
+    if copy_done is None:
+        return False
+    if copy_done.query():
+        return True
+    new_tokens = last.extend_num_tokens
+    return (
+        batch.forward_mode.is_decode()
+        and new_tokens is not None
+        and new_tokens <= SMALL_PREFILL_TOKENS
+    )
+
+
+_SCHEDULER = "sglang.srt.managers.scheduler"
+
+_DECISION_EDITS = (
+    TextEdit(
+        old="""\
+    return disable_overlap_for_batch or need_grammar_sync
+""",
+        new="""\
+    # A finished or small prefill: its first tokens do not wait for the next launch
+    # (process_prefill_first).
+    return disable_overlap_for_batch or need_grammar_sync or self.process_prefill_first(batch)
+""",
+    ),
+)
+
+BACKPORT = Backport(
+    id="prefill-result-first",
+    title="[Sched] Process a small or finished spec-v2 prefill before the next launch",
+    upstream_prs=(),
+    patch_file="0016-Sched-Process-a-small-or-finished-spec-v2-prefill-before-the-next-launch.patch",
+    summary="the overlap loop processes a spec-v2 prefill that has finished, or a small one "
+            "followed by a decode, before it launches the next batch, so the first tokens do not "
+            "wait for that launch",
+    applied_upstream=None,
+    targets=(
+        Target(_SCHEDULER, "SMALL_PREFILL_TOKENS", SMALL_PREFILL_TOKENS, expected=ABSENT,
+               kind="value"),
+        Target(_SCHEDULER, "Scheduler.process_prefill_first", process_prefill_first,
+               expected=ABSENT),
+        Target(_SCHEDULER, "Scheduler.is_disable_overlap_for_batch", None,
+               expected="aafb2b339763569a", kind="edit", edits=_DECISION_EDITS),
+    ),
+)

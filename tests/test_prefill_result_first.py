@@ -1,0 +1,156 @@
+"""Back-port prefill-result-first: a finished prefill's result is processed before the next launch.
+
+SGLang's real ``Scheduler.event_loop_overlap`` runs here for a few iterations on a scheduler
+object whose collaborators (receiving requests, building batches, launching them, processing
+results) only record what the loop asks of them: the order of launches and result processing
+is the loop's own, decided by the real ``is_disable_overlap_for_batch``. The GPU event a
+result carries is the one thing stood in for: ``copy_done.query()`` answers what the test says.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import activate_backport
+
+
+class _StopLoop(Exception):
+    pass
+
+
+class _Event:
+    """``copy_done`` of a result: done or not; the loop must never wait on it here."""
+
+    def __init__(self, done: bool):
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:  # pragma: no cover - a wait would be a defect
+        raise AssertionError("the loop waited on a result event")
+
+
+def _batch(name: str, mode: str, spec_v2: bool = True, new_tokens: int = 256):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    fm = ForwardMode.EXTEND if mode == "prefill" else ForwardMode.DECODE
+    b = SimpleNamespace(name=name, forward_mode=fm, is_spec_v2=spec_v2, has_grammar=False,
+                        is_extend_in_batch=fm.is_extend(),
+                        extend_num_tokens=new_tokens if fm.is_extend() else None)
+    b.copy = lambda: b
+    return b
+
+
+def _run_loop(batches, done, *, mlp_sync: bool = False):
+    """Drive the real overlap loop over ``batches`` (one per iteration; None: idle) and return
+    the order of launches and result processing. ``done[name]``: whether that batch's result
+    has finished on the GPU when the loop looks at it."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    sched = object.__new__(Scheduler)
+    log: list[str] = []
+    todo = deque(batches)
+
+    def recv_requests():
+        if not todo:
+            raise _StopLoop
+        return []
+
+    def get_next_batch_to_run():
+        return todo.popleft()
+
+    def run_batch(batch):
+        log.append(f"launch {batch.name}")
+        return SimpleNamespace(copy_done=_Event(done.get(batch.name, False)))
+
+    def process_batch_result(batch, result):
+        log.append(f"process {batch.name}")
+
+    sched.recv_requests = recv_requests
+    sched.process_input_requests = lambda reqs: None
+    sched.get_next_batch_to_run = get_next_batch_to_run
+    sched.run_batch = run_batch
+    sched.process_batch_result = process_batch_result
+    sched.launch_batch_sample_if_needed = lambda result: None
+    sched.on_idle = lambda: None
+    sched.self_check_during_busy = lambda: None
+    sched._engine_paused = False
+    sched.is_generation = True
+    sched.require_mlp_sync = mlp_sync
+    sched.last_batch = None
+    sched.cur_batch = None
+    with pytest.raises(_StopLoop):
+        sched.event_loop_overlap()
+    return log
+
+
+@pytest.fixture
+def patched(clean_state, monkeypatch):
+    """The back-port installed and switched on (it is opt-in)."""
+    monkeypatch.setenv("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "1")
+    activate_backport()
+
+
+OVERLAP_ORDER = ["launch P", "launch D1", "process P", "launch D2", "process D1"]
+RESULT_FIRST = ["launch P", "process P", "launch D1", "launch D2", "process D1"]
+
+
+def _prefill_then_decodes(new_tokens: int = 256, **kw):
+    return [_batch("P", "prefill", new_tokens=new_tokens, **kw), _batch("D1", "decode", **kw),
+            _batch("D2", "decode", **kw)]
+
+
+def test_stock_loop_launches_before_it_processes_a_finished_prefill(clean_state):
+    """The control: unpatched, a finished prefill still waits for the next launch."""
+    assert _run_loop(_prefill_then_decodes(), {"P": True, "D1": True}) == OVERLAP_ORDER
+
+
+def test_finished_prefill_is_processed_before_the_next_launch(patched):
+    # Only the prefill's result jumps the queue; a finished decode keeps the overlap order.
+    assert _run_loop(_prefill_then_decodes(), {"P": True, "D1": True}) == RESULT_FIRST
+
+
+def test_small_prefill_still_running_goes_first_before_a_decode(patched):
+    """The loop waits for a small prefill rather than launch the decode first: its first
+    tokens would otherwise wait for the whole decode launch."""
+    from sglang_futuremap_patch.backports.prefill_result_first import SMALL_PREFILL_TOKENS
+
+    assert SMALL_PREFILL_TOKENS == 1024
+    for new_tokens in (1, SMALL_PREFILL_TOKENS):
+        assert _run_loop(_prefill_then_decodes(new_tokens), {"P": False}) == RESULT_FIRST
+
+
+def test_large_prefill_still_running_keeps_the_overlap_order(patched):
+    """Its GPU time covers the next launch: launching first costs its first tokens nothing."""
+    assert _run_loop(_prefill_then_decodes(1025), {"P": False}) == OVERLAP_ORDER
+    assert _run_loop(_prefill_then_decodes(4096), {"P": True}) == RESULT_FIRST
+
+
+def test_consecutive_prefills_only_a_finished_one_goes_first(patched):
+    """Before another prefill the loop never waits (that prefill's requests would)."""
+    batches = [_batch("P1", "prefill"), _batch("P2", "prefill"), _batch("P3", "prefill"),
+               _batch("D", "decode", new_tokens=0)]
+    assert _run_loop(batches, {"P1": True, "P2": False, "P3": False}) == [
+        "launch P1", "process P1", "launch P2", "launch P3", "process P2", "process P3", "launch D"]
+
+
+@pytest.mark.parametrize("case", ["not_spec_v2", "dp_attention", "env_off", "env_unset"])
+def test_stock_order_where_it_does_not_apply(patched, monkeypatch, case):
+    """Non-speculative batches are untouched, DP attention ranks decide with synchronised
+    flags (a per-rank event query could split them), and without the opt-in (unset, or
+    anything but 1) the loop keeps the stock order."""
+    if case == "env_off":
+        monkeypatch.setenv("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "0")
+    if case == "env_unset":
+        monkeypatch.delenv("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST")
+    batches = _prefill_then_decodes(spec_v2=case != "not_spec_v2")
+    assert _run_loop(batches, {"P": True}, mlp_sync=case == "dp_attention") == OVERLAP_ORDER
+
+
+def test_idle_iteration_after_a_prefill_processes_it(patched):
+    """No next batch: the loop processes the prefill as before (nothing to reorder)."""
+    assert _run_loop([_batch("P", "prefill"), None], {"P": True}) == ["launch P", "process P"]
