@@ -12,7 +12,11 @@ Triton's CUDA-graph replay rebuilds its metadata from device tensors and never r
 Triton that wait buys nothing.
 
 How: ``AttentionBackend.needs_cpu_seq_lens`` (True) is a per-backend declaration; the two
-Triton backends declare False. The spec workers list the backends they may use
+Triton backends declare False. Two more declarations on ``AttentionBackend`` tell the draft
+what a backend still reads without the mirror, with what every backend does in 0.5.12.x as
+their defaults: ``draft_extend_needs_cpu_seq_lens`` (False: its eager draft extend needs no
+exact host lengths) and ``reads_verify_tree_mask`` (True: its verify reads the draft's tree
+mask); no backend overrides them here (back-port 8 does for FA3). The spec workers list the backends they may use
 (``spec_v2_attn_backends``; the adaptive EAGLE worker includes every pre-built runtime
 state), ``Scheduler.init_overlap`` asks ``decide_needs_cpu_seq_lens`` and hands the answer to
 the FutureMap. Two-batch overlap and piecewise CUDA graph read the mirror outside the
@@ -1152,7 +1156,7 @@ def copy_seq_lens_for_draft_extend(self, model_worker_batch, attn_backend, graph
     if (
         model_worker_batch.seq_lens_cpu is not None
         or model_worker_batch.forward_mode.is_idle()
-        or not getattr(attn_backend, "draft_extend_needs_cpu_seq_lens", False)
+        or not attn_backend.draft_extend_needs_cpu_seq_lens
     ):
         return
     seq_lens = model_worker_batch.seq_lens
@@ -1218,7 +1222,7 @@ def eagle_draft(self, model_worker_batch: ModelWorkerBatch):
     seq_lens_sum = model_worker_batch.seq_lens_sum
     if seq_lens_sum is None and tree_mask_buf is not None:
         seq_lens_sum = 0
-    elif seq_lens_sum is None and not getattr(verify_backend, "reads_verify_tree_mask", True):
+    elif seq_lens_sum is None and not verify_backend.reads_verify_tree_mask:
         # The verify never reads the mask: its small layout, not sized by the lengths.
         seq_lens_sum, tree_mask_mode = 0, TreeMaskMode.QLEN_ONLY
     elif seq_lens_sum is None:
@@ -1302,7 +1306,7 @@ def multi_layer_draft(self, model_worker_batch: ModelWorkerBatch):
     seq_lens_sum = model_worker_batch.seq_lens_sum
     if seq_lens_sum is None and tree_mask_buf is not None:
         seq_lens_sum = 0
-    elif seq_lens_sum is None and not getattr(verify_backend, "reads_verify_tree_mask", True):
+    elif seq_lens_sum is None and not verify_backend.reads_verify_tree_mask:
         # The verify never reads the mask: its small layout, not sized by the lengths.
         seq_lens_sum, tree_mask_mode = 0, TreeMaskMode.QLEN_ONLY
     elif seq_lens_sum is None:
@@ -1647,6 +1651,12 @@ BACKPORT = Backport(
     summary="needs_cpu_seq_lens per backend; no seq_lens D2H when every backend is Triton",
     targets=(
         Target(_BASE_ATTN, "AttentionBackend.needs_cpu_seq_lens", True, expected=ABSENT,
+               kind="value"),
+        # Two more declarations, with what every backend does in 0.5.12.x; FA3 overrides
+        # both (back-port 8).
+        Target(_BASE_ATTN, "AttentionBackend.draft_extend_needs_cpu_seq_lens", False,
+               expected=ABSENT, kind="value"),
+        Target(_BASE_ATTN, "AttentionBackend.reads_verify_tree_mask", True, expected=ABSENT,
                kind="value"),
         Target(_TRITON, "TritonAttnBackend.needs_cpu_seq_lens", False, expected=ABSENT,
                kind="value"),

@@ -23,7 +23,7 @@ bound) and masks by each row's length. This is exact: a graph replays the FA3 la
 recorded at capture, with the full-width table, so the host maximum never reached the
 kernel; it only bounded stock's copy, and FA3 reads no column past a row's length. The
 draft extend has no CUDA graph on FA3 in 0.5.12.x (SGLang captures it for Triton and
-TRTLLM-MLA only), so it is eager in every iteration: FA3 declares
+TRTLLM-MLA only), so it is eager in every iteration: FA3 overrides back-port 4's
 ``draft_extend_needs_cpu_seq_lens`` and the draft worker (back-port 4) copies the lengths
 without blocking at the start of the forward (multi-layer EAGLE does too for batches its
 draft-extend CUDA graph cannot replay); the draft extend waits for that copy, which
@@ -36,7 +36,8 @@ lengths copied on demand, a host read confined to eager batches. Hence the decla
 CUDA graph disabled and ``num_splits`` 0 every forward is eager, and FA3 keeps the mirror
 (one copy per iteration, off the forward's critical path, beats one per forward). The verify
 of topk 1 never reads the tree mask, so ``reads_verify_tree_mask`` is False and the draft
-builds the mask's small layout (back-port 4 reads the declaration). Outside what is covered
+builds the mask's small layout (back-port 4 declares both hooks for every backend, with
+SGLang's behaviour as the default, and reads them). Outside what is covered
 here (topk > 1, MLA, sliding-window or local attention, encoder-decoder, context parallel,
 FA4) FA3 keeps ``needs_cpu_seq_lens = True`` and runs exactly as before.
 
