@@ -89,7 +89,8 @@ def edited_function(base: Any, target: "Target", namespace: dict[str, Any]) -> t
     ``namespace`` as its globals. The source is registered with ``linecache`` so tracebacks,
     ``inspect.getsource`` and the fingerprint read the edited text."""
     base = _func_of(base)
-    src = apply_edits(textwrap.dedent(inspect.getsource(base.__code__)), target.edits, target.path)
+    before = textwrap.dedent(inspect.getsource(base.__code__))
+    src = apply_edits(before, target.edits, target.path)
     node = ast.parse(src).body[0]
     if not isinstance(node, ast.FunctionDef) or node.decorator_list:
         raise PatchError(f"{target.path}: an edit target must be an undecorated function")
@@ -101,11 +102,25 @@ def edited_function(base: Any, target: "Target", namespace: dict[str, Any]) -> t
     if fcode.co_freevars:
         raise PatchError(f"{target.path}: an edited function must not use {fcode.co_freevars}")
     linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
-    new = types.FunctionType(fcode, namespace, base.__name__, base.__defaults__)
-    new.__kwdefaults__ = dict(base.__kwdefaults__) if base.__kwdefaults__ else None
+    defaults, kwdefaults = base.__defaults__, base.__kwdefaults__
+    if _defaults_of(node) != _defaults_of(ast.parse(before).body[0]):
+        # The edit changed the signature's defaults (e.g. a new keyword): evaluate the def
+        # statement, as importing the patched file would, for the new ones.
+        scratch = dict(namespace)
+        exec(code, scratch)
+        made = scratch[node.name]
+        defaults, kwdefaults = made.__defaults__, made.__kwdefaults__
+    new = types.FunctionType(fcode, namespace, base.__name__, defaults)
+    new.__kwdefaults__ = dict(kwdefaults) if kwdefaults else None
     new.__doc__ = base.__doc__
     new.__annotations__ = dict(base.__annotations__)
     return new
+
+
+def _defaults_of(node: ast.AST) -> str:
+    """A def's default values, as source (what differs when an edit adds a keyword)."""
+    args = node.args  # type: ignore[attr-defined]
+    return ast.dump(ast.Tuple([*args.defaults, *[d or ast.Constant(...) for d in args.kw_defaults]]))
 
 
 def undo_edits(src: str, chain: list["Target"]) -> tuple[str, list[int]]:

@@ -341,6 +341,28 @@ def test_a_later_edit_may_rewrite_a_line_an_earlier_edit_wrote(clean_state, monk
     assert [c.detail for c in verdict.checks["b"]] == ["the source lacks this link's edits"]
 
 
+def test_an_edit_may_add_a_parameter_with_a_default(clean_state):
+    """An edit that adds a parameter with a default (back-port 1's ``on_publish=None``): the
+    installed function takes it, and callers that do not pass it work as before."""
+    import torch
+    from sglang.srt.utils import common
+
+    edits = (_engine.TextEdit(old="def fast_topk(values, topk, dim):\n",
+                              new="def fast_topk(values, topk, dim, scale=2.0, *, shift=0.0):\n"),
+             _engine.TextEdit(old="    if topk == 1:\n",
+                              new="    values = values * scale + shift\n    if topk == 1:\n"))
+    target = _engine.Target("sglang.srt.utils.common", "fast_topk", None,
+                            _engine.fingerprint(common.fast_topk), kind="edit", edits=edits)
+    series = [_engine.Backport("a", "a", (1,), "a.patch", (target,))]
+    _engine.install(series, _engine.gate(series))
+    try:
+        values = torch.tensor([[1.0, 3.0, 2.0]])
+        assert common.fast_topk(values, 1, -1).values.tolist() == [[6.0]]
+        assert common.fast_topk(values, 1, -1, 1.0, shift=1.0).values.tolist() == [[4.0]]
+    finally:
+        _engine.uninstall()
+
+
 def test_every_edit_chain_of_the_series_is_recognised_once_applied(clean_state):
     """For every chain that starts with an edit of SGLang's function, the function the
     whole chain makes (what a patched tree holds) is recognised as carrying every link."""
