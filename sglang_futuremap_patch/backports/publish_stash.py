@@ -122,10 +122,11 @@ _RESOLVE_FUTURE_EDITS = (
 
 
 def resolve_seq_lens_cpu(self, batch):
-    """Schedule stream: refresh ``seq_lens``, its host mirror and sum from the last publish.
+    """Schedule stream: refresh ``seq_lens`` from the last publish, and the host mirror and
+    sum the batch carries.
 
-    The stream waits on ``publish_ready`` instead of the host; the ``.cpu()`` below is the
-    one host wait left per iteration, and it ends when verify ends, not the whole forward.
+    The stream waits on ``publish_ready`` instead of the host; the host waits at most for
+    the copy of the mirror, which ends when verify ends, not the whole forward.
     """
     draft_input = batch.spec_info
     future_indices = draft_input.future_indices if draft_input is not None else None
