@@ -221,7 +221,18 @@ def forward_spec_v2_overlap(self, batch):
 
 
 def run_batch(self, batch, pp_proxy_tensors=None, *, _stock_run_batch=None):
-    """Spec-v2 overlap batches go through publish/stash; everything else is stock."""
+    """Spec-v2 overlap batches go through publish/stash; everything else is stock.
+
+    Differs from 0.5.12.post1:
+
+    * a spec-v2 overlap batch (never a prebuilt one) runs ``forward_spec_v2_overlap``, which
+      builds the worker batch once ``seq_lens`` are fresh and relays the results through the
+      FutureMap; the stock overlap branch built it first and left ``batch.seq_lens`` the
+      forward's future (hence the ``verify_done`` waits);
+    * around that forward, the stock method's own bookkeeping (iteration count, profiler,
+      sleep, logprob lengths, elastic-EP rank report) is repeated here, unchanged;
+    * every other batch runs the stock method itself.
+    """
     if (
         not (self.is_generation and self.enable_overlap and batch.is_spec_v2)
         or batch.forward_mode.is_prebuilt()
