@@ -5,11 +5,13 @@ For every full replacement in the series (a ``splice`` target that replaces a fu
 already exists: SGLang's own, or the version an earlier back-port installed), compares the
 replacement's code lines with the function it replaces and counts the lines that stand there
 unchanged, in order. Blank lines, comments and docstrings do not count; the ``def`` line is
-compared without the function's name. ``edit`` targets carry only their changed lines, and
-``wrap`` targets delegate to SGLang's function: neither is a copy (listed with ``--all``).
+compared without the function's name. With ``--all`` it also lists what the other kinds carry:
+a ``wrap`` target's wrapper (compared with SGLang's function like a replacement), and an
+``edit`` target's new text (compared with the text it replaces: the lines an edit repeats to
+anchor or keep its context).
 
     scripts/cpu-env.sh python scripts/copied_lines.py
-    scripts/cpu-env.sh python scripts/copied_lines.py --json
+    scripts/cpu-env.sh python scripts/copied_lines.py --all --json
     scripts/cpu-env.sh python scripts/copied_lines.py --diff ScheduleBatch.filter_batch
 """
 
@@ -68,6 +70,12 @@ def code_lines(src: str) -> list[str]:
     return out
 
 
+def snippet_lines(text: str) -> list[str]:
+    """An edit's text as code lines, stripped: no blank or comment-only lines (a snippet
+    need not parse on its own, so this is line-based)."""
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
 def identical_lines(new: list[str], old: list[str]) -> int:
     """Lines of ``new`` that stand unchanged, in order, in ``old``."""
     matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
@@ -104,11 +112,16 @@ def measure(series: Any) -> tuple[list[Row], list[Row], dict[str, tuple[str, str
             else:
                 replaced = link_function(chain, i - 1, pristine)
                 replaces = f"back-port {number[owner_of[id(chain[i - 1])]]}"
-            old = code_lines(_source(replaced))
             if t.kind == "edit":
-                new_src = _source(link_function(chain, i, pristine))
-            else:
-                new_src = _source(t.replacement)
+                code = same = 0
+                for edit in t.edits:
+                    new_lines, old_lines = snippet_lines(edit.new), snippet_lines(edit.old)
+                    code += len(new_lines)
+                    same += identical_lines(new_lines, old_lines)
+                others.append(Row(number[bp_id], bp_id, path, t.kind, replaces, code, same))
+                continue
+            old = code_lines(_source(replaced))
+            new_src = _source(t.replacement)
             new = code_lines(new_src)
             row = Row(number[bp_id], bp_id, path, t.kind, replaces, len(new), identical_lines(new, old))
             (copies if t.kind == "splice" else others).append(row)
@@ -117,7 +130,7 @@ def measure(series: Any) -> tuple[list[Row], list[Row], dict[str, tuple[str, str
     return copies, others, sources
 
 
-def _table(rows: list[Row], title: str) -> str:
+def _table(rows: list[Row], title: str, what: str = "the function they replace") -> str:
     out = [title, f"{'bp':>3} {'code':>5} {'same':>5} {'%':>4}  {'replaces':<20} target"]
     for r in rows:
         pct = 100 * r.identical // r.code_lines if r.code_lines else 0
@@ -126,8 +139,7 @@ def _table(rows: list[Row], title: str) -> str:
     code = sum(r.code_lines for r in rows)
     same = sum(r.identical for r in rows)
     pct = 100 * same // code if code else 0
-    out.append(f"total: {len(rows)} targets, {code} code lines, {same} identical to the "
-               f"function they replace ({pct}%)")
+    out.append(f"total: {len(rows)} targets, {code} code lines, {same} identical to {what} ({pct}%)")
     return "\n".join(out)
 
 
@@ -138,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     parser.add_argument("--all", action="store_true",
-                        help="also list edit and wrap targets (changed functions that copy nothing)")
+                        help="also list wrap targets and what each edit target's text repeats")
     parser.add_argument("--diff", metavar="NAME",
                         help="print the unified diff of the full replacement(s) whose path ends in NAME")
     args = parser.parse_args(argv)
@@ -160,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         json.dump({
             "full_replacements": [asdict(r) for r in copies],
-            "other_function_targets": [asdict(r) for r in others],
+            "wraps_and_edits": [asdict(r) for r in others],
             "total": {"targets": len(copies),
                       "code_lines": sum(r.code_lines for r in copies),
                       "identical": sum(r.identical for r in copies)},
@@ -170,7 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(copies, "Full replacements (splice of an existing function):"))
     if args.all:
         print()
-        print(_table(others, "Edit and wrap targets (the function as installed):"))
+        print(_table([r for r in others if r.kind == "wrap"],
+                     "Wrappers (wrap targets: the wrapper against the function it wraps):"))
+        print()
+        print(_table([r for r in others if r.kind == "edit"],
+                     "Text edits (edit targets: their new text against the text it replaces; an "
+                     "edit two targets share counts for each):", "the text they replace"))
     return 0
 
 
