@@ -131,11 +131,22 @@ def worker_batch(indices):
     return SimpleNamespace(spec_info=EagleDraftInput(future_indices=FutureIndices(indices=indices)))
 
 
-def resolvers(fmap):
-    from sglang_futuremap_patch.backports import publish_stash
+def index_each_buffer(fmap, wb):
+    """The gather as back-port 2 leaves it (SGLang's own): one PyTorch index per buffer."""
+    from sglang.srt.speculative.spec_utils import spec_need_hidden_states
 
+    draft_input = wb.spec_info
+    indices = draft_input.future_indices.indices
+    draft_input.topk_p = fmap.topk_p_buf[indices]
+    draft_input.topk_index = fmap.topk_index_buf[indices]
+    draft_input.bonus_tokens = fmap.bonus_tokens_buf[indices]
+    if spec_need_hidden_states():
+        draft_input.hidden_states = fmap.hidden_states_buf[indices]
+
+
+def resolvers(fmap):
     return {
-        "before": lambda wb: publish_stash.resolve_future(fmap, wb),
+        "before": lambda wb: index_each_buffer(fmap, wb),
         "after": lambda wb: fmap.resolve_future(wb),
     }
 

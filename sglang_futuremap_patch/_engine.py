@@ -12,9 +12,11 @@ Two kinds of replacement:
 * ``wrap``: keeps the plugin module's globals; used only where the plugin must delegate
   to the original object (see ``Target.original_arg``).
 * ``edit``: a few reviewed text edits (``Target.edits``) of the function as it stands (SGLang's
-  own, or the one an earlier back-port spliced), compiled with the target module's globals.
-  The patch series makes the very same edits in the file, so the two cannot drift, and the
-  plugin carries the changed lines only, not a copy of the function.
+  own, or the one an earlier back-port spliced or edited), compiled with the target module's
+  globals. The patch series makes the very same edits in the file, so the two cannot drift,
+  and the plugin carries the changed lines only, not a copy of the function. A later link may
+  rewrite lines an earlier one wrote; a patched tree is recognised by undoing the chain's
+  edits, last first, which must give SGLang's function back (so ``new`` is never empty).
 """
 
 from __future__ import annotations
@@ -87,37 +89,78 @@ def edited_function(base: Any, target: "Target", namespace: dict[str, Any]) -> t
     ``namespace`` as its globals. The source is registered with ``linecache`` so tracebacks,
     ``inspect.getsource`` and the fingerprint read the edited text."""
     base = _func_of(base)
-    src = apply_edits(textwrap.dedent(inspect.getsource(base.__code__)), target.edits, target.path)
+    before = textwrap.dedent(inspect.getsource(base.__code__))
+    src = apply_edits(before, target.edits, target.path)
     node = ast.parse(src).body[0]
     if not isinstance(node, ast.FunctionDef) or node.decorator_list:
         raise PatchError(f"{target.path}: an edit target must be an undecorated function")
-    filename = f"<{MARK} edit of {target.path}>"
+    # Named by its text too: each link of a chain keeps its own source in linecache.
+    digest = hashlib.sha256(src.encode()).hexdigest()[:12]
+    filename = f"<{MARK} edit of {target.path} {digest}>"
     code = compile(src, filename, "exec")
     (fcode,) = [c for c in code.co_consts if isinstance(c, types.CodeType)]
     if fcode.co_freevars:
         raise PatchError(f"{target.path}: an edited function must not use {fcode.co_freevars}")
     linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
-    new = types.FunctionType(fcode, namespace, base.__name__, base.__defaults__)
-    new.__kwdefaults__ = dict(base.__kwdefaults__) if base.__kwdefaults__ else None
+    defaults, kwdefaults = base.__defaults__, base.__kwdefaults__
+    if _defaults_of(node) != _defaults_of(ast.parse(before).body[0]):
+        # The edit changed the signature's defaults (e.g. a new keyword): evaluate the def
+        # statement, as importing the patched file would, for the new ones.
+        scratch = dict(namespace)
+        exec(code, scratch)
+        made = scratch[node.name]
+        defaults, kwdefaults = made.__defaults__, made.__kwdefaults__
+    new = types.FunctionType(fcode, namespace, base.__name__, defaults)
+    new.__kwdefaults__ = dict(kwdefaults) if kwdefaults else None
     new.__doc__ = base.__doc__
     new.__annotations__ = dict(base.__annotations__)
     return new
 
 
-def _squeeze(text: str) -> str:
-    return re.sub(r"\s+", "", text)
+def _defaults_of(node: ast.AST) -> str:
+    """A def's default values, as source (what differs when an edit adds a keyword)."""
+    args = node.args  # type: ignore[attr-defined]
+    return ast.dump(ast.Tuple([*args.defaults, *[d or ast.Constant(...) for d in args.kw_defaults]]))
 
 
-def carries_edits(func: Any, edits: Iterable[TextEdit]) -> bool:
-    """Whether a function's source already has every edit made (a patched tree)."""
+def undo_edits(src: str, chain: list["Target"]) -> tuple[str, list[int]]:
+    """``src`` (a function's dedented source) with every edit of ``chain`` undone, last link
+    first, back to its first link or to the last link that is not an edit; and the indices
+    of the links whose edits ``src`` lacks (an edit's ``new`` text not there exactly once),
+    which are passed over. A patched tree carries a chain of edits exactly when this gives
+    back the function the chain starts from (a later link may rewrite lines an earlier one
+    wrote: only the composition has to be there)."""
+    lacking: list[int] = []
+    for i in range(len(chain) - 1, -1, -1):
+        link = chain[i]
+        if link.kind != "edit":
+            break
+        undone: str | None = src
+        for edit in reversed(link.edits):
+            if undone is None or not edit.new or undone.count(edit.new) != 1:
+                undone = None
+                break
+            undone = undone.replace(edit.new, edit.old)
+        if undone is None:
+            lacking.append(i)
+        else:
+            src = undone
+    return src, lacking
+
+
+def chain_in_source(func: Any, chain: list["Target"]) -> tuple[bool, list[int]]:
+    """Whether ``func`` (an edit-first chain's function in a patched tree) is the chain's
+    result: undoing its edits gives SGLang's function (the first link's fingerprint) or the
+    last spliced link; and the links whose edits it lacks."""
     try:
-        src = _squeeze(inspect.getsource(_func_of(func).__code__))
+        src = textwrap.dedent(inspect.getsource(_func_of(func).__code__))
     except (OSError, TypeError):
-        return False
-    return all(
-        _squeeze(e.new) in src and (_squeeze(e.old) not in src or _squeeze(e.old) in _squeeze(e.new))
-        for e in edits
-    )
+        return False, list(range(len(chain)))
+    rest, lacking = undo_edits(src, chain)
+    spliced = [t for t in chain if t.kind != "edit"]
+    want = fingerprint(spliced[-1].replacement) if spliced else chain[0].expected
+    base = hashlib.sha256(_normalize_text(rest).encode()).hexdigest()[:16]
+    return base == want, lacking
 
 
 @dataclass(frozen=True)
@@ -333,11 +376,13 @@ def sglang_import_error() -> str | None:
 
 
 def _check_target(
-    target: Target, pending: dict[str, dict[str, Any]], final: Any | None = None
+    target: Target, pending: dict[str, dict[str, Any]], final: Any | None = None,
+    chain: list[Target] | None = None,
 ) -> TargetCheck:
     """Check one target against the live object. ``final`` is the last replacement of the
     target's chain (a later back-port may replace the same function again): a patched tree
-    carries that one."""
+    carries that one. ``chain``: the target's chain, when the target is its first link (an
+    edit of SGLang's function is recognised in a patched tree by undoing the whole chain)."""
     final = target.replacement if final is None else final
     try:
         owner, attr, module = _resolve_owner(target)
@@ -359,7 +404,7 @@ def _check_target(
             if missing:
                 return TargetCheck(target, "mismatch", found=found, detail=f"module lacks {missing}")
             return TargetCheck(target, "ready", found=found)
-        if carries_edits(raw, target.edits):
+        if chain_in_source(raw, chain or [target])[0]:
             return TargetCheck(target, "in-source", found=found)
         return TargetCheck(target, "mismatch", found=found, detail=f"expected {target.expected}")
     if target.kind == GUARD:
@@ -467,7 +512,7 @@ def gate(series: Iterable[Backport], version: str | None = None) -> Verdict:
             if "." not in t.name:
                 pending.setdefault(t.owner, {})[t.name] = t.replacement
     chains = _chains(series)
-    live = {path: _check_target(chain[0], pending, chain_final(chain))
+    live = {path: _check_target(chain[0], pending, chain_final(chain), chain)
             for path, chain in chains.items()}
     checks: dict[str, list[TargetCheck]] = {bp.id: [] for bp in series}
     for bp in series:
@@ -485,7 +530,7 @@ def gate(series: Iterable[Backport], version: str | None = None) -> Verdict:
                 if state != "ready":
                     # No pristine function to derive the links from: a patched tree carries
                     # every edit of the chain, an applied process has the last link installed.
-                    if state == "in-source" and t.kind == "edit" and not carries_edits(_live(t), t.edits):
+                    if state == "in-source" and t.kind == "edit" and i in chain_in_source(_live(t), chain)[1]:
                         state, why = "mismatch", "the source lacks this link's edits"
                     else:
                         why = live[t.path].detail

@@ -1,8 +1,9 @@
 """The patch series in ``patches/``: build it from the plugin, check it, apply it.
 
-The series is *generated* from the back-port modules: every ``splice`` replacement is pasted
-into its SGLang file exactly as the engine installs it at run time (same source, same module
-globals), so the plugin and the patches are one piece of code. Regenerating must reproduce
+The series is *generated* from the back-port modules: every ``edit`` target's text edits are
+made in its SGLang file as the engine makes them in the function's source at run time, and
+every ``splice`` (a new function) is pasted there exactly as the engine installs it (same
+source, same module globals), so the plugin and the patches are one piece of code. Regenerating must reproduce
 ``patches/`` byte for byte; ``tests/test_series.py`` and ``tests/test_drift.py`` hold both
 sides to that.
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import pytest
 import torch
 
-from conftest import activate_backport
+from conftest import activate_backport, plugin_only
 from sim_support import HostSyncProbe
 
 if TYPE_CHECKING:
@@ -849,7 +849,13 @@ def _verify_backend(kind: str) -> Any:
 
 
 @pytest.fixture
-def tree_kernel(patched, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+def tree_kernel(patched, tree_modes: list[Any]) -> list[Any]:
+    """``tree_modes`` with the whole series applied."""
+    return tree_modes
+
+
+@pytest.fixture
+def tree_modes(sglang_loaded, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """SGLang's ``build_tree_kernel_efficient`` (it sizes the mask) with its native kernel
     (``sgl_kernel``, absent on a CPU host) replaced by one that records the mask layout it
     is asked to write; the mask contents are the kernel's business, not tested here."""
@@ -935,6 +941,108 @@ def test_draft_sizes_the_tree_mask_without_the_mirror(tree_kernel: list[Any], ki
         cached = sum(PREFIX) if mirror else bs * WIDTH
         assert mask.numel() == cached * nv + nv * nv * bs
         assert tree_kernel == [TreeMaskMode.FULL_MASK]
+
+
+@pytest.fixture
+def unpatched(sglang_loaded) -> Iterator[tuple[Any, ...]]:
+    """SGLang unpatched for one test; the series is applied again afterwards if it was (the
+    module's ``patched`` fixture keeps it applied for the tests that follow)."""
+    import sglang_futuremap_patch as plugin
+    from sglang_futuremap_patch import _engine
+
+    was_applied = bool(_engine.applied_backports())
+    plugin.revert()
+    yield sglang_loaded
+    plugin.revert()
+    if was_applied:
+        activate_backport()
+
+
+@pytest.fixture
+def through_back_port_4(unpatched) -> Iterator[None]:
+    """Back-ports 1-4 installed (4 with the ones it depends on), none of the later ones."""
+    from sglang_futuremap_patch import _engine
+
+    series = list(unpatched[:4])
+    assert series[-1].id == "cpu-seq-lens-optional"
+    verdict = _engine.gate(series)
+    assert verdict.decision == "patch", verdict.reason
+    _engine.install(series, verdict)
+    yield
+
+
+@plugin_only
+def test_back_port_4_declares_the_draft_hooks_it_reads(through_back_port_4) -> None:
+    """Back-port 4 introduces both hooks its draft reads, on every attention backend, with
+    what 0.5.12.x does as their value; before back-port 8, FA3 has those too."""
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
+
+    assert AttentionBackend.draft_extend_needs_cpu_seq_lens is False
+    assert AttentionBackend.reads_verify_tree_mask is True
+    fa3 = object.__new__(FlashAttentionBackend)
+    fa3.topk, fa3.num_splits = 1, 0
+    assert fa3.draft_extend_needs_cpu_seq_lens is False and fa3.reads_verify_tree_mask is True
+    for backend in (_triton(), _flashinfer()):
+        assert backend.draft_extend_needs_cpu_seq_lens is False
+        assert backend.reads_verify_tree_mask is True
+
+
+@plugin_only
+def test_reverting_takes_the_draft_hooks_away(unpatched) -> None:
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+    activate_backport()
+    assert AttentionBackend.reads_verify_tree_mask is True
+    import sglang_futuremap_patch as plugin
+
+    plugin.revert()
+    for hook in ("needs_cpu_seq_lens", "draft_extend_needs_cpu_seq_lens",
+                 "reads_verify_tree_mask"):
+        assert hook not in vars(AttentionBackend), hook
+
+
+@plugin_only
+@pytest.mark.parametrize("kind", ["eagle", "multi_layer"])
+@pytest.mark.parametrize("declares", [True, False])
+def test_the_draft_honours_a_backend_that_declares_the_hooks(
+    through_back_port_4, tree_modes: list[Any], kind: str, declares: bool
+) -> None:
+    """With back-ports 1-4 only (no FA3 override yet), the draft reads both hooks from the
+    backends it is given: a draft-extend backend that declares
+    ``draft_extend_needs_cpu_seq_lens`` gets the early copy of the lengths, a verify backend
+    that declares ``reads_verify_tree_mask = False`` the small mask; a backend that keeps the
+    defaults gets neither."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode
+
+    declared = type("DeclaringBackend", (TritonAttnBackend,), {
+        "draft_extend_needs_cpu_seq_lens": True, "reads_verify_tree_mask": False})
+    backend_class = declared if declares else TritonAttnBackend
+    verify_backend = object.__new__(backend_class)
+    verify_backend.cuda_graph_custom_mask = None
+    worker = _drafting_worker(kind, verify_backend)
+    runner = worker.draft_runner if kind == "eagle" else worker.draft_runner_list[0]
+    runner.attn_backend = object.__new__(backend_class)
+    bs, nv = len(PREFIX), NUM_TOKENS
+    mwb = SimpleNamespace(
+        seq_lens=torch.tensor(PREFIX), forward_mode=ForwardMode.DECODE,
+        seq_lens_cpu=None, seq_lens_sum=None,
+        spec_info=SimpleNamespace(
+            bonus_tokens=torch.tensor([7, 8, 9]),
+            prepare_for_v2_draft=lambda *a: (SimpleNamespace(forward_mode=ForwardMode.DECODE), True)))
+    verify_input = worker.draft(mwb)
+
+    pending = getattr(mwb, "seq_lens_cpu_pending", None)
+    mask = verify_input.custom_mask
+    if declares:
+        assert pending is not None and pending[0].tolist() == PREFIX
+        assert mask.numel() == nv * bs * nv and tree_modes == [TreeMaskMode.QLEN_ONLY]
+    else:
+        assert pending is None
+        assert mask.numel() == bs * WIDTH * nv + nv * nv * bs
+        assert tree_modes == [TreeMaskMode.FULL_MASK]
 
 
 # --------------------------------------------------------------------------- decode stats

@@ -22,17 +22,9 @@ from test_series import PATCHES, clone, pristine_tree
 
 #: The targets the patches do not paste: see test_wrapped_targets_are_the_declared_exceptions.
 RUN_BATCH = "sglang.srt.managers.scheduler:Scheduler.run_batch"
-_FA3 = "sglang.srt.layers.attention.flashattention_backend:FlashAttentionBackend"
 #: wrapped target -> lines its patched source must contain
 WRAPPED = {
     RUN_BATCH: ["batch_result = self.forward_spec_v2_overlap(batch)", "batch.is_spec_v2"],
-    f"{_FA3}.init_forward_metadata": [
-        "forward_batch.seq_lens_cpu = self.host_seq_lens_stand_in(forward_batch)",
-        "return self.init_forward_metadata(forward_batch)",
-    ],
-    f"{_FA3}.init_forward_metadata_replay_cuda_graph": [
-        "return self.replay_spec_metadata_from_device(",
-    ],
     "sglang.srt.server_args:ServerArgs._handle_speculative_decoding": [
         "if self.speculative_eagle_topk > 1 and not self.disable_overlap_schedule:",
     ],
@@ -102,10 +94,6 @@ def test_wrapped_targets_are_the_declared_exceptions(series, patched):
 
     * ``Scheduler.run_batch``: dispatches spec-v2 overlap batches to
       ``forward_spec_v2_overlap`` and drops the spec-v2 lines that no batch reaches any more;
-    * FA3's ``init_forward_metadata``: a batch without the host mirror gets the stand-in and
-      the method calls itself;
-    * FA3's ``init_forward_metadata_replay_cuda_graph``: a batch without the host mirror is
-      built on the device;
     * ``ServerArgs._handle_speculative_decoding``: an auto-chosen tree goes to spec v1 right
       after the auto choice.
 
@@ -123,25 +111,6 @@ def test_wrapped_targets_are_the_declared_exceptions(series, patched):
         for edit in wrapped[path].edits:
             assert edit.new in source and (edit.old not in source or edit.old in edit.new)
     assert "batch.seq_lens = batch_result.next_draft_input.new_seq_lens" not in sources[RUN_BATCH]
-
-
-def test_fa3_text_edits_insert_the_plugins_own_check():
-    """The check the patch puts at the top of FA3's two methods is the plugin wrapper's check,
-    line for line, with the delegation to the stock method turned into a call to itself."""
-    import inspect
-
-    from sglang_futuremap_patch.backports import fa3_device_page_table as fa3
-
-    for name in ("init_forward_metadata", "init_forward_metadata_replay_cuda_graph"):
-        source = textwrap.dedent(inspect.getsource(getattr(fa3, name)))
-        body = ast.parse(source).body[0].body
-        # docstring, the check, then the delegation for a batch with the mirror
-        assert len(body) == 3 and isinstance(body[1], ast.If) and isinstance(body[2], ast.Return)
-        lines = source.splitlines()[body[1].lineno - 1 : body[1].end_lineno]
-        plugin = textwrap.dedent("\n".join(lines)).replace(f"_stock_{name}(self, ", f"self.{name}(")
-        (edit,) = {t.path: t for t in fa3.BACKPORT.targets}[f"{_FA3}.{name}"].edits
-        inserted = textwrap.dedent("\n".join(edit.new.splitlines()[1:-1]))
-        assert inserted == plugin, name
 
 
 def test_guards_are_left_as_they_are(series, pristine, patched):

@@ -17,6 +17,7 @@ import pytest
 from conftest import FLAVOUR, ROOT, subprocess_env
 
 BEHAVIOUR_TESTS = ["tests/test_overlap_simulation.py", "tests/test_future_map.py",
+                   "tests/test_worker_on_publish.py",
                    "tests/test_private_d2h.py", "tests/test_fused_gather.py",
                    "tests/test_cpu_seq_lens_optional.py", "tests/test_pcg_no_mirror.py",
                    "tests/test_fa3_device_page_table.py", "tests/test_auto_tree_spec_v1.py",

@@ -184,10 +184,19 @@ FIELDS = ("topk_p", "topk_index", "bonus_tokens", "hidden_states")
 
 @pytest.mark.parametrize("algorithm", ["EAGLE3", "STANDALONE"])
 @pytest.mark.parametrize("use_kernel", [False, True], ids=["torch", "kernel"])
-def test_resolve_future_gives_what_the_publish_stash_version_gave(
+def test_resolve_future_gives_what_indexing_each_buffer_gives(
     fmap_factory, algorithm, use_kernel, request
 ):
-    from sglang_futuremap_patch.backports import publish_stash
+    """The fused gather hands the worker what back-port 2's ``resolve_future`` (SGLang's
+    per-buffer indexing) did: the same values, dtypes and shapes."""
+    from sglang.srt.speculative.spec_utils import spec_need_hidden_states
+
+    def index_each_buffer(fmap, batch):
+        draft_input = batch.spec_info
+        indices = draft_input.future_indices.indices
+        for name in FIELDS:
+            if name != "hidden_states" or spec_need_hidden_states():
+                setattr(draft_input, name, getattr(fmap, f"{name}_buf")[indices])
 
     fmap = fmap_factory(algorithm)
     for rows, topk in ((torch.tensor([3, 5, 9]), 4), (torch.tensor([11, 1]), 4)):
@@ -198,7 +207,7 @@ def test_resolve_future_gives_what_the_publish_stash_version_gave(
                     torch.empty((0,), dtype=torch.int64)):
         fused, before = _worker_batch(indices), _worker_batch(indices)
         fmap.resolve_future(fused)
-        publish_stash.resolve_future(fmap, before)
+        index_each_buffer(fmap, before)
         for name in FIELDS:
             got, want = getattr(fused.spec_info, name), getattr(before.spec_info, name)
             if want is None:

@@ -76,3 +76,40 @@ def test_resolve_waits_on_the_stream_not_the_host(fmap, monkeypatch):
     batch = SimpleNamespace(spec_info=SimpleNamespace(future_indices=FutureIndices(torch.tensor([1]))))
     fmap.resolve_seq_lens_cpu(batch)
     assert events == ["wait"]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_process_prebuilt_seeds_the_relay_by_pool_slot(clean_state, monkeypatch, overlap):
+    """A PD-decode batch whose prefill ran elsewhere (``process_prebuilt``) enters the relay
+    at its requests' pool slots through ``seed_prebuilt``; without the overlap scheduler it
+    gets no future indices, as before."""
+    from conftest import activate_backport
+    from sglang.srt.disaggregation import decode_schedule_batch_mixin as mixin
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    activate_backport()
+    monkeypatch.setattr(mixin, "maybe_cache_unfinished_req", lambda req, tree_cache: None)
+    reqs = [SimpleNamespace(output_ids=[5, 40 + i], grammar=None, output_topk_p=[0.5],
+                            output_topk_index=[7 + i], hidden_states_tensor=torch.ones(3) * i)
+            for i in range(2)]
+    batch = SimpleNamespace(
+        reqs=reqs, tree_cache=None, device="cpu", forward_mode=ForwardMode.EXTEND,
+        spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"), enable_overlap=overlap,
+        extend_lens=[2, 3], input_ids=torch.arange(5), seq_lens=torch.tensor([2, 3]),
+        req_pool_indices=torch.tensor([6, 3]))
+    seeded = []
+    future_map = SimpleNamespace(seed_prebuilt=lambda *args: seeded.append(args))
+    server_args = SimpleNamespace(speculative_eagle_topk=1, enable_multi_layer_eagle=False)
+    mixin.ScheduleBatchDisaggregationDecodeMixin.process_prebuilt(batch, server_args, future_map)
+
+    spec_info = batch.spec_info
+    assert spec_info.bonus_tokens.tolist() == [40, 41]
+    assert batch.input_ids.tolist() == [1, 40, 3, 4, 41]  # SGLang's own prepare_for_extend
+    if overlap:
+        assert spec_info.future_indices.indices is batch.req_pool_indices
+        ((indices, seq_lens, seeded_info),) = seeded
+        assert indices is batch.req_pool_indices and seq_lens is batch.seq_lens
+        assert seeded_info is spec_info
+    else:
+        assert spec_info.future_indices is None and seeded == []

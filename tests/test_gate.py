@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 
@@ -301,6 +302,79 @@ def test_an_edit_may_follow_an_edit_of_the_same_function(clean_state, monkeypatc
     verdict = _engine.gate(series)
     assert verdict.decision == "mismatch"
     assert [c.detail for c in verdict.checks["b"]] == ["the source lacks this link's edits"]
+
+
+def test_a_later_edit_may_rewrite_a_line_an_earlier_edit_wrote(clean_state, monkeypatch):
+    """The second link changes the line the first one added: a patched tree has the second
+    version of that line only, and is still recognised (undoing both links gives SGLang's
+    function back); a tree with the first link alone is not that tree."""
+    import torch
+    from sglang.srt.utils import common
+
+    owner = "sglang.srt.utils.common"
+    stock = common.fast_topk
+    first = _engine.TextEdit(old="    if topk == 1:\n", new="    values = values * 2\n    if topk == 1:\n")
+    a = _engine.Target(owner, "fast_topk", None, _engine.fingerprint(stock), kind="edit", edits=(first,))
+    after_first = _engine.edited_function(stock, a, {})
+    second = _engine.TextEdit(old="    values = values * 2\n", new="    values = values * 3  # not 2\n")
+    b = _engine.Target(owner, "fast_topk", None, _engine.fingerprint(after_first), kind="edit",
+                       edits=(second,))
+    series = [_engine.Backport("a", "a", (1,), "a.patch", (a,)),
+              _engine.Backport("b", "b", (2,), "b.patch", (b,))]
+    verdict = _engine.gate(series)
+    assert verdict.decision == "patch", verdict.reason
+    try:
+        _engine.install(series, verdict)
+        values = torch.tensor([[1.0, 3.0, 2.0]])
+        assert common.fast_topk(values, 1, -1).values.tolist() == [[9.0]]
+    finally:
+        _engine.uninstall()
+    assert common.fast_topk is stock
+
+    both = _engine.edited_function(after_first, b, vars(common))
+    assert "values * 2" not in inspect.getsource(both.__code__)
+    monkeypatch.setattr(common, "fast_topk", both)
+    assert _engine.gate(series).decision == "upstream"
+    monkeypatch.setattr(common, "fast_topk", _engine.edited_function(stock, a, vars(common)))
+    verdict = _engine.gate(series)
+    assert verdict.decision == "mismatch"
+    assert [c.detail for c in verdict.checks["b"]] == ["the source lacks this link's edits"]
+
+
+def test_an_edit_may_add_a_parameter_with_a_default(clean_state):
+    """An edit that adds a parameter with a default (back-port 1's ``on_publish=None``): the
+    installed function takes it, and callers that do not pass it work as before."""
+    import torch
+    from sglang.srt.utils import common
+
+    edits = (_engine.TextEdit(old="def fast_topk(values, topk, dim):\n",
+                              new="def fast_topk(values, topk, dim, scale=2.0, *, shift=0.0):\n"),
+             _engine.TextEdit(old="    if topk == 1:\n",
+                              new="    values = values * scale + shift\n    if topk == 1:\n"))
+    target = _engine.Target("sglang.srt.utils.common", "fast_topk", None,
+                            _engine.fingerprint(common.fast_topk), kind="edit", edits=edits)
+    series = [_engine.Backport("a", "a", (1,), "a.patch", (target,))]
+    _engine.install(series, _engine.gate(series))
+    try:
+        values = torch.tensor([[1.0, 3.0, 2.0]])
+        assert common.fast_topk(values, 1, -1).values.tolist() == [[6.0]]
+        assert common.fast_topk(values, 1, -1, 1.0, shift=1.0).values.tolist() == [[4.0]]
+    finally:
+        _engine.uninstall()
+
+
+def test_every_edit_chain_of_the_series_is_recognised_once_applied(clean_state):
+    """For every chain that starts with an edit of SGLang's function, the function the
+    whole chain makes (what a patched tree holds) is recognised as carrying every link."""
+    chains = _engine._chains(clean_state)
+    checked = 0
+    for path, chain in chains.items():
+        if chain[0].kind != "edit":
+            continue
+        final = _engine.link_function(chain, len(chain) - 1, _engine._live(chain[0]))
+        assert _engine.chain_in_source(final, chain) == (True, []), path
+        checked += 1
+    assert checked
 
 
 def test_every_verdict_decision_is_one_documented_value() -> None:

@@ -50,7 +50,12 @@ _EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")
 
 
 def _handle_speculative_decoding(self, *, _stock_handle_speculative_decoding=None):
-    """SGLang's method, then an auto-chosen tree goes to spec v1 (see the module docstring)."""
+    """SGLang's method, then an auto-chosen tree goes to spec v1 (see the module docstring).
+
+    Differs from 0.5.12.post1: after the stock method, an auto-chosen EAGLE / EAGLE3 /
+    STANDALONE tree (topk > 1) on the overlap scheduler turns it off (spec v1), with one
+    WARNING; everything else is the stock method's doing.
+    """
     auto = self.speculative_algorithm is not None and self.speculative_num_steps is None
     _stock_handle_speculative_decoding(self)
     if (

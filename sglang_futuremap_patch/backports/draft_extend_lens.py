@@ -235,7 +235,7 @@ BACKPORT = Backport(
         Target(_SCHEDULER, "Scheduler.forward_spec_v2_overlap", None, expected="8b2cf00c26371848",
                kind="edit", edits=_FORWARD_EDITS),
         Target(_BASE_SPEC, "BaseDraftWorker.copy_seq_lens_for_draft_extend", None,
-               expected="8a3832cec06ab93d", kind="edit", edits=_LATE_COPY_EDITS),
+               expected="278f89430d0ba253", kind="edit", edits=_LATE_COPY_EDITS),
         Target(_EAGLE_INFO_V2, "EagleDraftInputV2Mixin.prepare_for_extend_to_fill_draft_kvcache",
                None, expected="a20891d1be2f1298", kind="edit", edits=_DRAFT_EXTEND_EDITS),
     ),

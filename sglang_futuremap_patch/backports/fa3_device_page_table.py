@@ -23,7 +23,7 @@ bound) and masks by each row's length. This is exact: a graph replays the FA3 la
 recorded at capture, with the full-width table, so the host maximum never reached the
 kernel; it only bounded stock's copy, and FA3 reads no column past a row's length. The
 draft extend has no CUDA graph on FA3 in 0.5.12.x (SGLang captures it for Triton and
-TRTLLM-MLA only), so it is eager in every iteration: FA3 declares
+TRTLLM-MLA only), so it is eager in every iteration: FA3 overrides back-port 4's
 ``draft_extend_needs_cpu_seq_lens`` and the draft worker (back-port 4) copies the lengths
 without blocking at the start of the forward (multi-layer EAGLE does too for batches its
 draft-extend CUDA graph cannot replay); the draft extend waits for that copy, which
@@ -36,14 +36,14 @@ lengths copied on demand, a host read confined to eager batches. Hence the decla
 CUDA graph disabled and ``num_splits`` 0 every forward is eager, and FA3 keeps the mirror
 (one copy per iteration, off the forward's critical path, beats one per forward). The verify
 of topk 1 never reads the tree mask, so ``reads_verify_tree_mask`` is False and the draft
-builds the mask's small layout (back-port 4 reads the declaration). Outside what is covered
+builds the mask's small layout (back-port 4 declares both hooks for every backend, with
+SGLang's behaviour as the default, and reads them). Outside what is covered
 here (topk > 1, MLA, sliding-window or local attention, encoder-decoder, context parallel,
 FA4) FA3 keeps ``needs_cpu_seq_lens = True`` and runs exactly as before.
 
-Plugin and patch differ in form only for the two entry points: the plugin wraps
-``init_forward_metadata`` and ``init_forward_metadata_replay_cuda_graph`` (three lines before
-delegating to SGLang's method), the patch inserts the same lines at the top of each method.
-The draft-extend query lengths in ``replay_spec_metadata_from_device`` repeat SGLang's
+The two entry points, ``init_forward_metadata`` and ``init_forward_metadata_replay_cuda_graph``,
+are SGLang's methods with a check inserted at the top (a text edit, the same in the plugin and
+in the patch); everything after it runs as before. The draft-extend query lengths in ``replay_spec_metadata_from_device`` repeat SGLang's
 ``is_draft_extend_v2`` branch; the rest is new.
 """
 
@@ -207,55 +207,7 @@ def host_seq_lens_stand_in(self, forward_batch: ForwardBatch):
     return forward_batch.seq_lens.cpu()
 
 
-def init_forward_metadata(self, forward_batch: ForwardBatch, *, _stock_init_forward_metadata=None):
-    """Initialize forward metadata hence all layers in the forward pass can reuse it."""
-    if forward_batch.seq_lens_cpu is None:
-        # No host mirror (needs_cpu_seq_lens is False): the metadata below reads the host
-        # maximum only to size the page table; give it a stand-in. A draft extend without
-        # the mirror has no host prefix lengths either (back-port 4); SGLang tests them
-        # only for "any nonzero?", ahead of "or is_draft_extend", which is true here, so
-        # an empty list takes the same branch.
-        no_prefix_lens = forward_batch.extend_prefix_lens_cpu is None
-        forward_batch.seq_lens_cpu = self.host_seq_lens_stand_in(forward_batch)
-        if no_prefix_lens:
-            forward_batch.extend_prefix_lens_cpu = []
-        try:
-            return _stock_init_forward_metadata(self, forward_batch)
-        finally:
-            forward_batch.seq_lens_cpu = None
-            if no_prefix_lens:
-                forward_batch.extend_prefix_lens_cpu = None
-    return _stock_init_forward_metadata(self, forward_batch)
-
-
 # --------------------------------------------------------------------------- CUDA graph
-
-
-def init_forward_metadata_replay_cuda_graph(
-    self,
-    bs: int,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    seq_lens_sum: int,
-    encoder_lens: Optional[torch.Tensor],
-    forward_mode: ForwardMode,
-    spec_info: Optional[SpecInput],
-    seq_lens_cpu: Optional[torch.Tensor],
-    out_cache_loc: Optional[torch.Tensor] = None,
-    *,
-    _stock_init_forward_metadata_replay_cuda_graph=None,
-):
-    """Initialize forward metadata for replaying CUDA graph."""
-    if seq_lens_cpu is None:
-        # No host mirror (needs_cpu_seq_lens is False): build it on the device.
-        return self.replay_spec_metadata_from_device(
-            bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode,
-            spec_info, out_cache_loc,
-        )
-    return _stock_init_forward_metadata_replay_cuda_graph(
-        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode,
-        spec_info, seq_lens_cpu, out_cache_loc,
-    )
 
 
 def replay_spec_metadata_from_device(
@@ -331,57 +283,54 @@ def replay_spec_metadata_from_device(
 
 _FA = "sglang.srt.layers.attention.flashattention_backend"
 
-# FA3's two metadata entry points (fa3_device_page_table): the plugin wraps them, checks for a
-# missing host mirror and delegates to SGLang's method; the patch puts the same check at the
-# top of the method, where "delegate" is a call to itself with the mirror (or the stand-in).
+# FA3's two metadata entry points: a check at the top of SGLang's method; the rest of it
+# runs as it is (for a batch without the mirror, with the stand-in, by calling itself).
 INIT_EDITS = (
     TextEdit(
         old="""\
-        \"\"\"Initialize forward metadata hence all layers in the forward pass can reuse it.\"\"\"
-        metadata = FlashAttentionMetadata()
+    \"""Initialize forward metadata hence all layers in the forward pass can reuse it.\"""
+    metadata = FlashAttentionMetadata()
 """,
         new="""\
-        \"\"\"Initialize forward metadata hence all layers in the forward pass can reuse it.\"\"\"
-        if forward_batch.seq_lens_cpu is None:
-            # No host mirror (needs_cpu_seq_lens is False): the metadata below reads the host
-            # maximum only to size the page table; give it a stand-in. A draft extend without
-            # the mirror has no host prefix lengths either (back-port 4); SGLang tests them
-            # only for "any nonzero?", ahead of "or is_draft_extend", which is true here, so
-            # an empty list takes the same branch.
-            no_prefix_lens = forward_batch.extend_prefix_lens_cpu is None
-            forward_batch.seq_lens_cpu = self.host_seq_lens_stand_in(forward_batch)
+    \"""Initialize forward metadata hence all layers in the forward pass can reuse it.\"""
+    if forward_batch.seq_lens_cpu is None:
+        # No host mirror (needs_cpu_seq_lens is False): the metadata below reads the host
+        # maximum only to size the page table; give it a stand-in. A draft extend without
+        # the mirror has no host prefix lengths either (back-port 4); SGLang tests them
+        # only for "any nonzero?", ahead of "or is_draft_extend", which is true here, so
+        # an empty list takes the same branch.
+        no_prefix_lens = forward_batch.extend_prefix_lens_cpu is None
+        forward_batch.seq_lens_cpu = self.host_seq_lens_stand_in(forward_batch)
+        if no_prefix_lens:
+            forward_batch.extend_prefix_lens_cpu = []
+        try:
+            return self.init_forward_metadata(forward_batch)
+        finally:
+            forward_batch.seq_lens_cpu = None
             if no_prefix_lens:
-                forward_batch.extend_prefix_lens_cpu = []
-            try:
-                return self.init_forward_metadata(forward_batch)
-            finally:
-                forward_batch.seq_lens_cpu = None
-                if no_prefix_lens:
-                    forward_batch.extend_prefix_lens_cpu = None
-        metadata = FlashAttentionMetadata()
+                forward_batch.extend_prefix_lens_cpu = None
+    metadata = FlashAttentionMetadata()
 """,
     ),
 )
 REPLAY_EDITS = (
     TextEdit(
         old="""\
-        \"\"\"Initialize forward metadata for replaying CUDA graph.\"\"\"
-        seq_lens = seq_lens[:bs]
+    \"""Initialize forward metadata for replaying CUDA graph.\"""
+    seq_lens = seq_lens[:bs]
 """,
         new="""\
-        \"\"\"Initialize forward metadata for replaying CUDA graph.\"\"\"
-        if seq_lens_cpu is None:
-            # No host mirror (needs_cpu_seq_lens is False): build it on the device.
-            return self.replay_spec_metadata_from_device(
-                bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode,
-                spec_info, out_cache_loc,
-            )
-        seq_lens = seq_lens[:bs]
+    \"""Initialize forward metadata for replaying CUDA graph.\"""
+    if seq_lens_cpu is None:
+        # No host mirror (needs_cpu_seq_lens is False): build it on the device.
+        return self.replay_spec_metadata_from_device(
+            bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode,
+            spec_info, out_cache_loc,
+        )
+    seq_lens = seq_lens[:bs]
 """,
     ),
 )
-
-#: What the commit message says about each text edit (the patch differs from the plugin there).
 
 
 BACKPORT = Backport(
@@ -407,23 +356,10 @@ BACKPORT = Backport(
                expected=ABSENT),
         Target(_FA, "FlashAttentionBackend.replay_spec_metadata_from_device",
                replay_spec_metadata_from_device, expected=ABSENT),
-        Target(_FA, "FlashAttentionBackend.init_forward_metadata", init_forward_metadata,
-               expected="397c5f4a9b6b1f2e", kind="wrap",
-               original_arg="_stock_init_forward_metadata", edits=INIT_EDITS,
-               edit_note=(
-        "The plugin wraps FlashAttentionBackend.init_forward_metadata and delegates to the "
-        "stock method with the stand-in in place; this patch inserts the same lines at the "
-        "top of the method, which then calls itself with the stand-in."
-               )),
-        Target(_FA, "FlashAttentionBackend.init_forward_metadata_replay_cuda_graph",
-               init_forward_metadata_replay_cuda_graph, expected="359046ba3c547e2b",
-               kind="wrap", original_arg="_stock_init_forward_metadata_replay_cuda_graph",
-               edits=REPLAY_EDITS,
-               edit_note=(
-        "The plugin wraps FlashAttentionBackend.init_forward_metadata_replay_cuda_graph and "
-        "delegates to the stock method when the batch has a host mirror; this patch inserts "
-        "the same check at the top of the method."
-               )),
+        Target(_FA, "FlashAttentionBackend.init_forward_metadata", None,
+               expected="397c5f4a9b6b1f2e", kind="edit", edits=INIT_EDITS),
+        Target(_FA, "FlashAttentionBackend.init_forward_metadata_replay_cuda_graph", None,
+               expected="359046ba3c547e2b", kind="edit", edits=REPLAY_EDITS),
         Target(_FA, "FlashAttentionMultiStepBackend.needs_cpu_seq_lens",
                multi_step_needs_cpu_seq_lens, expected=ABSENT),
     ),

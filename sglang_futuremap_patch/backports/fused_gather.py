@@ -35,10 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.speculative.spec_utils import spec_need_hidden_states
 from sglang.srt.utils import get_bool_env_var
 
-from sglang_futuremap_patch._engine import ABSENT, Backport, Target
+from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
 
 #: The debug switch, as ``overlap_utils`` defines it (the patch series pastes this line).
 DEBUG_RELAY_LINE = '_FUTUREMAP_DEBUG_RELAY = get_bool_env_var("SGLANG_FUTUREMAP_DEBUG_RELAY")'
@@ -138,66 +137,73 @@ def gather_spec_extras(
 # --------------------------------------------------------------------------- FutureMap
 
 
-def _init_stash_bufs(self, draft_input):
-    # Shapes and dtypes come from the first payload, as the workers define them.
-    def like(t):
-        return torch.zeros(
-            (self.req_pool_size, *t.shape[1:]), dtype=t.dtype, device=self.device
-        )
-
-    self.topk_p_buf = like(draft_input.topk_p)
-    self.topk_index_buf = like(draft_input.topk_index)
+#: ``FutureMap._init_stash_bufs`` (back-port 2's): the debug fill and the jitted kernel.
+_INIT_STASH_EDITS = (
+    TextEdit(
+        old="""\
+    self.bonus_tokens_buf = like(draft_input.bonus_tokens)
+""",
+        new="""\
     self.bonus_tokens_buf = like(draft_input.bonus_tokens)
     if _FUTUREMAP_DEBUG_RELAY:
         # A slot read before its first stash must trip the check in resolve_future.
         self.bonus_tokens_buf.fill_(-1)
-    if spec_need_hidden_states():
-        self.hidden_states_buf = like(draft_input.hidden_states)
+""",
+    ),
+    TextEdit(
+        old="""\
+    self.buf_initialized = True
+""",
+        new="""\
     # One launch gathers all four buffers on CUDA/ROCm; elsewhere PyTorch indexes them.
     self.gather_kernel = (
         triton.jit(_gather_spec_extras_kernel) if self.topk_p_buf.is_cuda else None
     )
     self.buf_initialized = True
+""",
+    ),
+)
 
-
-def resolve_future(self, model_worker_batch):
-    """Forward stream: fill the worker batch from what the previous forward relayed."""
-    if self.spec_algo.is_none():
-        _resolve_future_token_ids(model_worker_batch.input_ids, self.token_ids_buf)
-        return
-    draft_input = model_worker_batch.spec_info
-    if draft_input is None:
-        return  # prefill: nothing relayed yet
-    indices = draft_input.future_indices.indices
-    if indices.device.type != "cpu":
-        # Made on the schedule stream (filter_batch/merge_batch build a new one), read here
-        # on the forward stream. Once the worker swaps model_worker_batch.spec_info and the
-        # scheduler batch.spec_info, nothing on the host holds it: without this the
-        # allocator hands its block to the next schedule-stream tensor while this gather
-        # may still be queued behind a busy forward stream (garbage slots, then garbage
-        # bonus tokens reach the draft's embedding: a device-side assert).
-        indices.record_stream(torch.get_device_module(self.device).current_stream())
-    # new_seq_lens is not relayed here: the workers read batch.seq_lens, which
-    # resolve_seq_lens_cpu refreshed from the publish before this forward.
-    topk_p, topk_index, bonus_tokens, hidden_states = gather_spec_extras(
-        indices,
-        self.topk_p_buf,
-        self.topk_index_buf,
-        self.bonus_tokens_buf,
-        self.hidden_states_buf if spec_need_hidden_states() else None,
-        self.gather_kernel,
-    )
-    draft_input.topk_p = topk_p
-    draft_input.topk_index = topk_index
-    draft_input.bonus_tokens = bonus_tokens
-    if hidden_states is not None:
-        draft_input.hidden_states = hidden_states
-    if _FUTUREMAP_DEBUG_RELAY:
-        # Each slot is stashed, then read once: a second read sees the -1 written here.
-        torch._assert_async(
-            (bonus_tokens >= 0).all(), "FutureMap: relay slot read twice without a stash"
+#: ``FutureMap.resolve_future`` (as back-port 2 edits it): one gather for every buffer.
+_RESOLVE_FUTURE_EDITS = (
+    TextEdit(
+        old="""\
+        draft_input.topk_p = self.topk_p_buf[indices]
+        draft_input.topk_index = self.topk_index_buf[indices]
+        draft_input.bonus_tokens = self.bonus_tokens_buf[indices]
+""",
+        new="""\
+        topk_p, topk_index, bonus_tokens, hidden_states = gather_spec_extras(
+            indices,
+            self.topk_p_buf,
+            self.topk_index_buf,
+            self.bonus_tokens_buf,
+            self.hidden_states_buf if spec_need_hidden_states() else None,
+            self.gather_kernel,
         )
-        self.bonus_tokens_buf.index_fill_(0, indices, -1)
+        draft_input.topk_p = topk_p
+        draft_input.topk_index = topk_index
+        draft_input.bonus_tokens = bonus_tokens
+""",
+    ),
+    TextEdit(
+        old="""\
+        if spec_need_hidden_states():
+            draft_input.hidden_states = self.hidden_states_buf[indices]
+""",
+        new="""\
+        if hidden_states is not None:
+            draft_input.hidden_states = hidden_states
+        if _FUTUREMAP_DEBUG_RELAY:
+            # Each slot is stashed, then read once: a second read sees the -1 written here.
+            torch._assert_async(
+                (bonus_tokens >= 0).all(),
+                "FutureMap: relay slot read twice without a stash",
+            )
+            self.bonus_tokens_buf.index_fill_(0, indices, -1)
+""",
+    ),
+)
 
 
 _OVERLAP = "sglang.srt.managers.overlap_utils"
@@ -220,10 +226,10 @@ BACKPORT = Backport(
         Target(_OVERLAP, "_gather_spec_extras_kernel", _gather_spec_extras_kernel,
                expected=ABSENT),
         Target(_OVERLAP, "gather_spec_extras", gather_spec_extras, expected=ABSENT),
-        # Both replace publish_stash's versions (fingerprints of those).
-        Target(_OVERLAP, "FutureMap._init_stash_bufs", _init_stash_bufs,
-               expected="8d993fd06db63ce5"),
-        Target(_OVERLAP, "FutureMap.resolve_future", resolve_future,
-               expected="94f8c5469a7fb600"),
+        # Both edit back-port 2's versions (fingerprints of those).
+        Target(_OVERLAP, "FutureMap._init_stash_bufs", None, expected="8d993fd06db63ce5",
+               kind="edit", edits=_INIT_STASH_EDITS),
+        Target(_OVERLAP, "FutureMap.resolve_future", None, expected="85c8bf5d1347c1f7",
+               kind="edit", edits=_RESOLVE_FUTURE_EDITS),
     ),
 )

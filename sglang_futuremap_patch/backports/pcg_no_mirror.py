@@ -3,7 +3,7 @@
 Upstream: sgl-project/sglang#28633 ("Don't force seq_lens_cpu publication under piecewise CUDA
 graph"). Applies to: SGLang 0.5.12 and 0.5.12.post1. Delete when users are on 0.5.14+ (the
 first release with #28633; 0.5.13 still carries the "FIXME: support PCG without seq lens cpu
-value"). Depends on back-port 4 (it replaces that patch's ``decide_needs_cpu_seq_lens``).
+value"). Depends on back-port 4 (it edits that patch's ``decide_needs_cpu_seq_lens``).
 
 Why: piecewise CUDA graph (PCG) is on by default in 0.5.12.x, also for speculative decoding.
 Back-port 4 forced the host mirror on whenever PCG was on, so a backend that declares
@@ -30,22 +30,22 @@ batch, are switched off for EAGLE, EAGLE3 and STANDALONE by the server arguments
 
 from __future__ import annotations
 
-from sglang_futuremap_patch._engine import GUARD, Backport, Target
+from sglang_futuremap_patch._engine import GUARD, Backport, Target, TextEdit
 
-
-def decide_needs_cpu_seq_lens(server_args, backends):
-    """Whether spec-v2 batches must carry the ``seq_lens`` host mirror and its sum.
-
-    ``backends``: every attention backend a spec-v2 forward may use (``None`` slots, e.g. a
-    worker without a draft-extend backend, are skipped). A backend that does not declare
-    ``needs_cpu_seq_lens`` is assumed to need the mirror.
-    """
-    if getattr(server_args, "enable_two_batch_overlap", False):
-        # TBO splits the batch (and the verify mask) using the host mirror.
+#: ``decide_needs_cpu_seq_lens`` (back-port 4's): only two-batch overlap forces the mirror.
+_DECIDE_EDITS = (
+    TextEdit(
+        old="""\
+    if not getattr(server_args, "disable_piecewise_cuda_graph", False):
+        # Piecewise CUDA graph builds its static batch from the host mirror.
         return True
+""",
+        new="""\
     # Piecewise CUDA graph runs only the target's prefill, a batch built on the host with
     # its own mirror; the relayed decode batches never reach it.
-    return any(getattr(b, "needs_cpu_seq_lens", True) for b in backends if b is not None)
+""",
+    ),
+)
 
 
 _OVERLAP = "sglang.srt.managers.overlap_utils"
@@ -61,9 +61,9 @@ BACKPORT = Backport(
     summary="piecewise CUDA graph (on by default) no longer forces the per-iteration seq_lens D2H",
     applied_upstream="0.5.14",
     targets=(
-        # Replaces cpu_seq_lens_optional's version (its fingerprint).
-        Target(_OVERLAP, "decide_needs_cpu_seq_lens", decide_needs_cpu_seq_lens,
-               expected="49efcad369ac1aca"),
+        # Edits cpu_seq_lens_optional's version (its fingerprint).
+        Target(_OVERLAP, "decide_needs_cpu_seq_lens", None, expected="49efcad369ac1aca",
+               kind="edit", edits=_DECIDE_EDITS),
         Target(_RUNNER, "ModelRunner.init_piecewise_cuda_graphs", None,
                expected="f0073ae03b19d47b", kind=GUARD),
         Target(_RUNNER, "ModelRunner.forward_extend", None,

@@ -2,8 +2,8 @@
 
 Upstream: sgl-project/sglang#26380 (pinned buffer + private D2H stream) and #26463 (why the copy
 runs there). Applies to: SGLang 0.5.12 and 0.5.12.post1. Delete when users are on 0.5.13+.
-Depends on the back-ports before it (it replaces their ``resolve_seq_lens_cpu`` and
-``init_spec_relay`` again).
+Depends on the back-ports before it (it edits their ``resolve_seq_lens_cpu`` and
+``init_spec_relay``).
 
 Why: for attention backends that still need ``seq_lens_cpu`` (FlashInfer, FA3, MLA, ...),
 ``resolve_seq_lens_cpu`` ends with one device-to-host copy per iteration. Done as
@@ -23,19 +23,17 @@ publish, it falls back to the plain ``.cpu()``.
 
 from __future__ import annotations
 
-import torch
+from sglang_futuremap_patch._engine import Backport, Target, TextEdit
 
-from sglang_futuremap_patch._engine import Backport, Target
-
-
-def init_spec_relay(self, req_to_token_pool, forward_stream, needs_cpu_seq_lens=True):
-    """Index the speculative relay by request-pool slot (the scheduler calls this once).
-
-    ``needs_cpu_seq_lens`` False: ``resolve_seq_lens_cpu`` refreshes only the device lengths.
-    """
-    self.req_pool_size = req_to_token_pool.req_to_token.shape[0]
-    self.forward_stream = forward_stream
-    self.needs_cpu_seq_lens = needs_cpu_seq_lens
+#: ``FutureMap.init_spec_relay`` (as back-port 4 leaves it): the pinned buffer and the stream.
+_INIT_RELAY_EDITS = (
+    TextEdit(
+        old="""\
+    self.new_seq_lens_buf = torch.zeros(
+        (self.req_pool_size,), dtype=torch.int64, device=self.device
+    )
+""",
+        new="""\
     self.new_seq_lens_buf = torch.zeros(
         (self.req_pool_size,), dtype=torch.int64, device=self.device
     )
@@ -48,33 +46,19 @@ def init_spec_relay(self, req_to_token_pool, forward_stream, needs_cpu_seq_lens=
     else:
         self.new_seq_lens_cpu_pinned = None
         self.seq_lens_d2h_stream = None
-    # Created on first publish, on whatever device this map lives on.
-    self.publish_ready = None
-    # Lets the scheduler tell whether a worker published during its forward.
-    self.publish_count = 0
-    self.buf_initialized = False
+""",
+    ),
+)
 
-
-def resolve_seq_lens_cpu(self, batch):
-    """Schedule stream: refresh ``seq_lens`` from the last publish, and its host mirror and
-    sum when some backend needs them.
-
-    The stream waits on ``publish_ready`` instead of the host. With the mirror, the host
-    waits once per iteration, for the publish alone (below); without it, not at all: both
-    host values are None and the readers use the device lengths.
-    """
-    draft_input = batch.spec_info
-    future_indices = draft_input.future_indices if draft_input is not None else None
-    if future_indices is None:
-        return
-    if self.publish_ready is not None:
-        self.publish_ready.wait()
-    # The batch must advance every iteration, mirror or not.
-    batch.seq_lens = self.new_seq_lens_buf[future_indices.indices]
-    if not self.needs_cpu_seq_lens:
-        batch.seq_lens_cpu = None
-        batch.seq_lens_sum = None
-        return
+#: ``FutureMap.resolve_seq_lens_cpu`` (as back-port 4 leaves it): the copy waits for the
+#: publish alone, and the batch's rows are picked on the host.
+_RESOLVE_EDITS = (
+    TextEdit(
+        old="""\
+    batch.seq_lens_cpu = batch.seq_lens.cpu()
+    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+""",
+        new="""\
     if self.seq_lens_d2h_stream is None or self.publish_ready is None:
         batch.seq_lens_cpu = batch.seq_lens.cpu()  # not CUDA, or nothing published yet
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
@@ -90,6 +74,9 @@ def resolve_seq_lens_cpu(self, batch):
     slots = torch.tensor([req.req_pool_idx for req in batch.reqs], dtype=torch.int64)
     batch.seq_lens_cpu = self.new_seq_lens_cpu_pinned[slots]
     batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+""",
+    ),
+)
 
 
 _OVERLAP = "sglang.srt.managers.overlap_utils"
@@ -101,8 +88,10 @@ BACKPORT = Backport(
     patch_file="0005-Spec-Copy-the-spec-v2-seq_lens-mirror-on-a-private-stream.patch",
     summary="seq_lens_cpu D2H on a private stream gated on publish_ready, into a pinned buffer",
     targets=(
-        Target(_OVERLAP, "FutureMap.init_spec_relay", init_spec_relay, expected="9244c9d9bd6d8735"),
-        Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", resolve_seq_lens_cpu,
-               expected="d3caf02926c63385"),
+        # Edits of the relay as back-ports 2 and 4 leave it (fingerprints of that).
+        Target(_OVERLAP, "FutureMap.init_spec_relay", None, expected="67c0868d899de19b",
+               kind="edit", edits=_INIT_RELAY_EDITS),
+        Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", None, expected="fbee35e79f1429fc",
+               kind="edit", edits=_RESOLVE_EDITS),
     ),
 )

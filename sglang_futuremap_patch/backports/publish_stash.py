@@ -96,37 +96,37 @@ def stash(self, indices, draft_input):
         )
 
 
-def resolve_future(self, model_worker_batch):
-    """Forward stream: fill the worker batch from what the previous forward relayed."""
-    if self.spec_algo.is_none():
-        _resolve_future_token_ids(model_worker_batch.input_ids, self.token_ids_buf)
-        return
-    draft_input = model_worker_batch.spec_info
-    if draft_input is None:
-        return  # prefill: nothing relayed yet
-    indices = draft_input.future_indices.indices
-    if indices.device.type != "cpu":
-        # Made on the schedule stream (filter_batch/merge_batch build a new one), read here
-        # on the forward stream. Once the worker swaps model_worker_batch.spec_info and the
-        # scheduler batch.spec_info, nothing on the host holds it: without this the
-        # allocator hands its block to the next schedule-stream tensor while this gather
-        # may still be queued behind a busy forward stream (garbage slots, then garbage
-        # bonus tokens reach the draft's embedding: a device-side assert).
+#: ``FutureMap.resolve_future``: the relayed lengths are no longer read back here.
+_RESOLVE_FUTURE_EDITS = (
+    # The relay (and these tests) may live on the CPU, whose tensors have no stream.
+    TextEdit(
+        old="""\
         indices.record_stream(torch.get_device_module(self.device).current_stream())
-    draft_input.topk_p = self.topk_p_buf[indices]
-    draft_input.topk_index = self.topk_index_buf[indices]
-    draft_input.bonus_tokens = self.bonus_tokens_buf[indices]
-    # new_seq_lens is not relayed here: the workers read batch.seq_lens, which
-    # resolve_seq_lens_cpu refreshed from the publish before this forward.
-    if spec_need_hidden_states():
-        draft_input.hidden_states = self.hidden_states_buf[indices]
+""",
+        new="""\
+        if indices.device.type != "cpu":
+            indices.record_stream(torch.get_device_module(self.device).current_stream())
+""",
+    ),
+    # The workers read batch.seq_lens, refreshed by resolve_seq_lens_cpu before the forward.
+    TextEdit(
+        old="""\
+        draft_input.new_seq_lens = self.new_seq_lens_buf[indices]
+""",
+        new="""\
+        # new_seq_lens is not relayed here: the workers read batch.seq_lens, which
+        # resolve_seq_lens_cpu refreshed from the publish before this forward.
+""",
+    ),
+)
 
 
 def resolve_seq_lens_cpu(self, batch):
-    """Schedule stream: refresh ``seq_lens``, its host mirror and sum from the last publish.
+    """Schedule stream: refresh ``seq_lens`` from the last publish, and the host mirror and
+    sum the batch carries.
 
-    The stream waits on ``publish_ready`` instead of the host; the ``.cpu()`` below is the
-    one host wait left per iteration, and it ends when verify ends, not the whole forward.
+    The stream waits on ``publish_ready`` instead of the host; the host waits at most for
+    the copy of the mirror, which ends when verify ends, not the whole forward.
     """
     draft_input = batch.spec_info
     future_indices = draft_input.future_indices if draft_input is not None else None
@@ -162,41 +162,19 @@ def seed_prebuilt(self, indices, seq_lens, draft_input):
 # --------------------------------------------------------------------------- Scheduler
 
 
-def init_overlap(self):
-    self.device_module = torch.get_device_module(self.device)
-
-    if use_mlx():
-        # MLX overlap scheduling uses mx.async_eval / mx.eval for
-        # synchronisation so no CUDA/MPS streams or FutureMap needed.
-        self.future_map = None
-        # Empty result_queue is needed because idle-check references it
-        # when enable_overlap is True.
-        self.result_queue: Deque = deque()
-        return
-
-    self.forward_stream_ctx: CudaStreamContext = self.device_module.stream(
-        self.forward_stream
-    )
-    self.copy_stream: CudaStream = self.device_module.Stream()
-    self.copy_stream_ctx: CudaStreamContext = self.device_module.stream(
-        self.copy_stream
-    )
-
-    if not self.enable_overlap:
-        self.future_map = None
-        return
-
-    self.future_map = FutureMap(
-        self.max_running_requests,
-        self.chunked_prefill_size,
-        self.model_config.context_len,
-        self.device,
-        self.spec_algorithm,
-    )
+#: ``Scheduler.init_overlap``: a speculative FutureMap gets its pool-indexed relay.
+_INIT_OVERLAP_EDITS = (
+    TextEdit(
+        old="""\
+    self.batch_record_buf = [None] * 2
+""",
+        new="""\
     if not self.spec_algorithm.is_none():
         self.future_map.init_spec_relay(self.req_to_token_pool, self.forward_stream)
     self.batch_record_buf = [None] * 2
-    self.batch_record_ct = 0
+""",
+    ),
+)
 
 
 def forward_spec_v2_overlap(self, batch):
@@ -243,7 +221,18 @@ def forward_spec_v2_overlap(self, batch):
 
 
 def run_batch(self, batch, pp_proxy_tensors=None, *, _stock_run_batch=None):
-    """Spec-v2 overlap batches go through publish/stash; everything else is stock."""
+    """Spec-v2 overlap batches go through publish/stash; everything else is stock.
+
+    Differs from 0.5.12.post1:
+
+    * a spec-v2 overlap batch (never a prebuilt one) runs ``forward_spec_v2_overlap``, which
+      builds the worker batch once ``seq_lens`` are fresh and relays the results through the
+      FutureMap; the stock overlap branch built it first and left ``batch.seq_lens`` the
+      forward's future (hence the ``verify_done`` waits);
+    * around that forward, the stock method's own bookkeeping (iteration count, profiler,
+      sleep, logprob lengths, elastic-EP rank report) is repeated here, unchanged;
+    * every other batch runs the stock method itself.
+    """
     if (
         not (self.is_generation and self.enable_overlap and batch.is_spec_v2)
         or batch.forward_mode.is_prebuilt()
@@ -287,87 +276,27 @@ def run_batch(self, batch, pp_proxy_tensors=None, *, _stock_run_batch=None):
 # --------------------------------------------------------------------------- PD decode
 
 
-def process_prebuilt(
-    self: ScheduleBatch,
-    server_args: ServerArgs,
-    future_map: FutureMap,
-):
-    """Assign the buffered last input id to schedule batch"""
-    self.output_ids = []
-    for req in self.reqs:
-        self.output_ids.append(req.output_ids[-1])
-        maybe_cache_unfinished_req(req, self.tree_cache)
-        if req.grammar is not None:
-            # FIXME: this try-except block is for handling unexpected xgrammar issue.
-            try:
-                # if it is not None, then the grammar is from a retracted request, and we should not
-                # accept the token as it's already accepted
-                if req.grammar.current_token is None:
-                    req.grammar.accept_token(req.output_ids[-1])
-            except ValueError as e:
-                from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
-                # Grammar accept_token can raise ValueError if the token is not in the grammar.
-                # This can happen if the grammar is not set correctly or the token is invalid.
-                # Use to_finish (not finished_reason) so that process_batch_result_prebuilt
-                # handles the release via check_finished -> release_kv_cache in one place.
-                error_message = f"Grammar accept_token failed for req {req.rid} with token {req.output_ids[-1]}: {e}"
-                req.to_finish = FINISH_ABORT(
-                    error_message, HTTPStatus.INTERNAL_SERVER_ERROR
-                )
-            req.grammar.finished = req.finished()
-    self.output_ids = torch.tensor(self.output_ids, device=self.device)
-
-    # Simulate the eagle run.
-    if self.spec_algorithm.is_eagle():
-        num_states = server_args.speculative_eagle_topk
-        if server_args.enable_multi_layer_eagle:
-            num_states *= server_args.speculative_num_steps
-        topk_p = torch.stack(
-            [
-                torch.as_tensor(
-                    req.output_topk_p[:num_states],
-                    device=self.device,
-                    dtype=torch.float32,
-                )
-                for req in self.reqs
-            ],
-            dim=0,
-        )
-        topk_index = torch.stack(
-            [
-                torch.as_tensor(
-                    req.output_topk_index[:num_states],
-                    device=self.device,
-                    dtype=torch.int64,
-                )
-                for req in self.reqs
-            ],
-            dim=0,
-        )
-
-        hidden_states_list = [req.hidden_states_tensor for req in self.reqs]
-        hidden_states = torch.stack(hidden_states_list, dim=0).to(self.device)
-
-        # local import to avoid circular import
-        from sglang.srt.speculative.eagle_info import EagleDraftInput
-
-        spec_info = EagleDraftInput(
-            topk_p=topk_p,
-            topk_index=topk_index,
-            hidden_states=hidden_states,
-            bonus_tokens=self.output_ids,
-            new_seq_lens=self.seq_lens,
-        )
-        spec_info.prepare_for_extend(self)
-        spec_info.capture_hidden_mode = CaptureHiddenMode.LAST
-        if self.enable_overlap:
+#: ``process_prebuilt``: requests prefilled on a PD-prefill instance enter the relay by pool
+#: slot, written on the forward stream (``seed_prebuilt``), instead of the ring.
+_PREBUILT_EDITS = (
+    TextEdit(
+        old="""\
+            spec_info.future_indices = future_map.alloc_future_indices(
+                len(self.seq_lens)
+            )
+            future_map.store_to_map_for_new_batch(
+                spec_info.future_indices, spec_info
+            )
+""",
+        new="""\
             # local import to avoid circular import
             from sglang.srt.managers.overlap_utils import FutureIndices
 
             spec_info.future_indices = FutureIndices(indices=self.req_pool_indices)
             future_map.seed_prebuilt(self.req_pool_indices, self.seq_lens, spec_info)
-        self.spec_info = spec_info
+""",
+    ),
+)
 
 
 _OVERLAP = "sglang.srt.managers.overlap_utils"
@@ -454,14 +383,16 @@ BACKPORT = Backport(
         Target(_OVERLAP, "FutureMap._init_stash_bufs", _init_stash_bufs, expected=ABSENT),
         Target(_OVERLAP, "FutureMap.publish", publish, expected=ABSENT),
         Target(_OVERLAP, "FutureMap.stash", stash, expected=ABSENT),
-        Target(_OVERLAP, "FutureMap.resolve_future", resolve_future, expected="95f23dc95ceba9d9"),
+        Target(_OVERLAP, "FutureMap.resolve_future", None, expected="95f23dc95ceba9d9",
+               kind="edit", edits=_RESOLVE_FUTURE_EDITS),
         Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", resolve_seq_lens_cpu, expected=ABSENT),
         Target(_OVERLAP, "FutureMap.seed_prebuilt", seed_prebuilt, expected=ABSENT),
         Target(_SCHEDULER, "partial", partial, expected=ABSENT, kind="value",
                import_line="from functools import partial"),
         Target(_SCHEDULER, "FutureIndices", FutureIndices, expected=ABSENT, kind="value",
                import_line="from sglang.srt.managers.overlap_utils import FutureIndices"),
-        Target(_SCHEDULER, "Scheduler.init_overlap", init_overlap, expected="4bb0ddba3989df23"),
+        Target(_SCHEDULER, "Scheduler.init_overlap", None, expected="4bb0ddba3989df23",
+               kind="edit", edits=_INIT_OVERLAP_EDITS),
         Target(_SCHEDULER, "Scheduler.forward_spec_v2_overlap", forward_spec_v2_overlap,
                expected=ABSENT),
         Target(_SCHEDULER, "Scheduler.run_batch", run_batch, expected="4e38123ed096306f",
@@ -472,7 +403,7 @@ BACKPORT = Backport(
         "spec-v2 overlap batches to forward_spec_v2_overlap before a worker batch is built, "
         "and drops the spec-v2 lines of the overlap branch, which no batch reaches any more."
                )),
-        Target(_DISAGG, "ScheduleBatchDisaggregationDecodeMixin.process_prebuilt",
-               process_prebuilt, expected="9228da9a0da63b14"),
+        Target(_DISAGG, "ScheduleBatchDisaggregationDecodeMixin.process_prebuilt", None,
+               expected="9228da9a0da63b14", kind="edit", edits=_PREBUILT_EDITS),
     ),
 )

@@ -127,7 +127,14 @@ def spec_v2_tree_unsupported(server_args) -> Optional[str]:
 
 def _handle_speculative_decoding(self, *, _stock_handle_speculative_decoding=None):
     """SGLang's method, then a tree goes to spec v2 where this series covers it, and an
-    auto-chosen one that it does not cover to spec v1 (back-port 9)."""
+    auto-chosen one that it does not cover to spec v1 (back-port 9).
+
+    Differs from 0.5.12.post1: after the stock method, for an EAGLE-family tree (topk > 1)
+    that ``spec_v2_tree_unsupported`` accepts, the overlap scheduler the stock method turned
+    off for the tree alone is turned back on (one INFO line); an auto-chosen tree it does not
+    accept goes to spec v1 as in back-port 9 (one WARNING naming the reason). Chains and
+    everything else are the stock method's doing.
+    """
     auto = self.speculative_algorithm is not None and self.speculative_num_steps is None
     overlap_was_off = self.disable_overlap_schedule
     _stock_handle_speculative_decoding(self)
@@ -305,7 +312,7 @@ BACKPORT = Backport(
         Target(_SERVER_ARGS, "spec_v2_tree_unsupported", spec_v2_tree_unsupported,
                expected=ABSENT),
         Target(_SERVER_ARGS, "ServerArgs._handle_speculative_decoding",
-               _handle_speculative_decoding, expected="b509e2520847efc2", kind="wrap",
+               _handle_speculative_decoding, expected="b243b1c49361c519", kind="wrap",
                original_arg="_stock_handle_speculative_decoding", edits=_SERVER_ARGS_EDITS,
                edit_note=(
                    "The plugin wraps ServerArgs._handle_speculative_decoding and turns the "
