@@ -20,6 +20,10 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
   cannot change a token): ``arrivals`` (64 requests at concurrency 8: requests arrive while
   others decode) and ``soak`` (2000 requests of random lengths at concurrency 64, 5% aborted
   mid-generation); GPU memory of the Engine's processes sampled every 200 requests;
+* the soak beyond Triton (``--group soak``): ``fa3soak-eagle3-det`` and ``mtpsoak-fa3-det``
+  (FA3, multi-layer EAGLE: token for token under deterministic inference) and
+  ``fa3soak-eagle3-default`` (SGLang's default configuration, FA3 + piecewise CUDA graph, which
+  deterministic inference would switch off: batch-variant, every difference must be a near-tie);
 * ``text``: a word-level tokenizer (``make_tiny_models.py``): text prompts, ``stop`` strings,
   decoded text compared too;
 * ``tp2-*``: two matrix cases with tensor parallelism 2 (the mirror-free Triton path and
@@ -153,7 +157,7 @@ class Case:
     backend: str  # triton | flashinfer | fa3 | default (none given: SGLang picks, FA3 on Hopper)
     cuda_graph: bool
     pcg: bool  # with backend default: SGLang's default (on), not passed
-    profile: str  # matrix | retract | soak | text | http | eos | radix | seeded
+    profile: str  # matrix | retract | soak | soak-ties | text | http | eos | radix | seeded | pd | tree...
     extra: tuple[tuple[str, Any], ...] = ()
     #: Arguments the stock run gets on top of ``extra``, where stock cannot run the patched
     #: run's launch: stock crashes on SGLang's auto-chosen tree, so its oracle is the same
@@ -172,6 +176,11 @@ class Case:
     #: The model directories (target, draft) when not the algorithm's (``MODEL_DIRS``): e.g. the
     #: Llama target with its EAGLE-1 draft, where ``EAGLE`` otherwise means the MiMoV2 pair.
     models: tuple[str, str] | None = None
+    #: Batching is timing-dependent and the kernels are not batch-invariant (piecewise CUDA
+    #: graph cannot run under deterministic inference): two runs, stock against stock too, may
+    #: part where a batch's numerics flip a near-tie. Every request carries its top logprobs and
+    #: each difference must be a near-tie (``near_tie_checks``), as for trees.
+    batch_variant: bool = False
 
     @property
     def gpus(self) -> int:
@@ -199,8 +208,9 @@ class Case:
 
     @property
     def logprob_tol(self) -> float:
-        """How far a patched logprob may be from stock's (0: bit for bit)."""
-        return TREE_V2_LOGPROB_TOL if self.tree_v2 else 0.0
+        """How far a patched logprob may be from stock's (0: bit for bit; trees and
+        batch-variant cases: ``TREE_V2_LOGPROB_TOL``, the same rounding argument)."""
+        return TREE_V2_LOGPROB_TOL if self.tree_v2 or self.batch_variant else 0.0
 
 
 def _graph_name(graph: bool, pcg: bool) -> str:
@@ -229,7 +239,27 @@ def all_cases() -> list[Case]:
     # in the soak, so that any difference is the plugin's.
     cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))))
-    return cases + fa3_cases() + deployment_cases() + multilayer_cases() + tree_cases() + tree_v2_cases() + tree_v2_det_cases()
+    return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + tree_cases()
+            + tree_v2_cases() + tree_v2_det_cases())
+
+
+#: The profiles that run the soak workload (GPU memory sampled, checked flat).
+SOAK_PROFILES = ("soak", "soak-ties")
+
+
+def soak_cases() -> list[Case]:
+    """The soak (2,000 requests, aborts, GPU memory) beyond Triton: FA3 and multi-layer EAGLE
+    (the MiMoV2 target and its MTP layers) under deterministic inference, token for token, and
+    SGLang's default configuration (FA3 + piecewise CUDA graph), which deterministic inference
+    would turn piecewise CUDA graph off for: that row is batch-variant and compared at
+    near-ties."""
+    det = (("enable_deterministic_inference", True), ("max_running_requests", 64))
+    return [
+        Case("fa3soak-eagle3-det", "EAGLE3", "fa3", True, False, "soak", det),
+        Case("fa3soak-eagle3-default", "EAGLE3", "default", True, True, "soak-ties", (("max_running_requests", 64),),
+             batch_variant=True),
+        Case("mtpsoak-fa3-det", "EAGLE", "fa3", True, False, "soak", det + (("trust_remote_code", True),)),
+    ]
 
 
 def fa3_cases() -> list[Case]:
@@ -413,6 +443,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "fa3": ("default-*", "fa3-*", "page16-*", "eos-*", "radix-*", "seeded-*"),
     "multi": ("tp2-*", "dp2-*"),
     "pd": ("pd-*",),
+    "soak": ("soak-*", "fa3soak-*", "mtpsoak-*"),
     "mtp": ("mtp-*",),
     "tree": ("tree-*",),
     "tree-v2": ("treev2-*",),
@@ -515,6 +546,12 @@ def scenarios(profile: str, vocab: int, seed: int = 20261122, soak_requests: int
                         "sampling_params": [_greedy(m) for m in news],
                         "abort_after_chunks": {str(k): v for k, v in aborts.items()},
                         "memory_every": 200 if name == "soak" else 0})
+    elif profile == "soak-ties":
+        # The soak with every request's top logprobs (a batch-variant case's near-tie check).
+        out = scenarios("soak", vocab, seed=seed, soak_requests=soak_requests, eos_ids=eos_ids)
+        for sc in out:
+            sc["return_logprob"] = True
+            sc["top_logprobs_num"] = TREE_TOP_LOGPROBS
     elif profile == "pd":
         # A batch at once, then arrivals at concurrency 8 with a few aborts: prebuilt batches
         # join a running batch while its forward is in flight (the overlap loop always has
@@ -671,6 +708,8 @@ def _record(o: dict[str, Any]) -> dict[str, Any]:
 
 def _run_async(engine: Any, sc: dict[str, Any], pids: Sequence[int]) -> dict[str, Any]:
     prompts, params = sc["input_ids"], sc["sampling_params"]
+    # Logprobs (where the scenario asks for them) on the requests that run to the end; a
+    # streamed request that is aborted is compared by its output ids alone.
     aborts = {int(k): v for k, v in sc.get("abort_after_chunks", {}).items()}
     results: list[dict[str, Any] | None] = [None] * len(prompts)
     memory: list[list[int | None]] = []
@@ -693,7 +732,8 @@ def _run_async(engine: Any, sc: dict[str, Any], pids: Sequence[int]) -> dict[str
                 rec = _record(last)
                 rec["abort_requested"] = True
             else:
-                rec = _record(await engine.async_generate(input_ids=prompts[i], sampling_params=params[i], rid=rid))
+                rec = _record(await engine.async_generate(input_ids=prompts[i], sampling_params=params[i], rid=rid,
+                                                          **_logprob_kw(sc)))
             results[i] = rec
             done += 1
             every = int(sc.get("memory_every") or 0)
@@ -1376,7 +1416,8 @@ def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: 
         # check's business; the logprobs of the others must agree.
         bad = [i for i, (s, p) in enumerate(zip(so, po)) if not _same_logprobs(s, p, logprob_tol)
                and not (logprob_tol and s["output_ids"] != p["output_ids"])]
-        have = all(p.get("logprobs") for p in po)
+        # streamed requests that the client aborts carry no logprobs (``_run_async``)
+        have = all(p.get("logprobs") for p in po if not p.get("abort_requested"))
         checks.append(Check(f"{name}: {_logprob_check(logprob_tol)}", have and not bad,
                             f"{n - len(bad)}/{n} {'identical' if not logprob_tol else 'close'}"
                             + ("" if have else "; logprobs missing")
@@ -1521,7 +1562,7 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
                             f"returncode {run.get('returncode')}, {run.get('wall_s', 0):.0f} s"))
     sres = (stock.get("result") or {}).get("scenarios", {})
     pres = (patched.get("result") or {}).get("scenarios", {})
-    checks += output_checks(sc_list, sres, pres, case.logprob_tol, near_ties=case.tree_v2,
+    checks += output_checks(sc_list, sres, pres, case.logprob_tol, near_ties=case.tree_v2 or case.batch_variant,
                             max_accept=case_max_accept(case))
     slog: smoke.LogFindings = stock["log"]
     plog: smoke.LogFindings = patched["log"]
@@ -1564,7 +1605,7 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
         counts = {n: r.get("retract_lines", 0) for n, r in (("stock", stock), ("patched", patched))}
         checks.append(Check("retraction happened in both runs", all(v > 0 for v in counts.values()),
                             f"'{RETRACT_LINE}' lines: {counts}"))
-    if case.profile == "soak":
+    if case.profile in SOAK_PROFILES:
         pres_all = patched.get("result") or {}
         mem = (pres_all.get("scenarios", {}).get("soak") or {}).get("memory_mib") or []
         growth, detail = memory_growth(mem)
@@ -1741,7 +1782,7 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
         return RUNS + ((UPSTREAM_RUN,) if with_upstream else ())
 
     # The slowest starts (piecewise CUDA graph, the soak) go first.
-    order = sorted(runnable, key=lambda c: (c.gpus == 1, not c.pcg, c.profile != "soak"))
+    order = sorted(runnable, key=lambda c: (c.gpus == 1, not c.pcg, c.profile not in SOAK_PROFILES))
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {(c.name, m): pool.submit(one, c, m, mode) for c in order for m, mode in runs_of(c)}
@@ -1942,7 +1983,7 @@ def merge_record_from_docs(docs: Sequence[dict[str, Any]]) -> str:
         if _status(c) in ("skipped", "error"):
             continue
         p, s = c["runs"]["patched"], c["runs"]["stock"]
-        if c["case"]["profile"] == "soak":
+        if c["case"]["profile"] in SOAK_PROFILES:
             lines += ["", f"Soak ({c['case']['name']}): GPU memory of the patched Engine's processes after warm-up "
                       f"{p['memory_after_warmup_mib']} MiB, then every 200 requests: "
                       f"{[v for _, v in (p['memory_mib'] or [])]} MiB."]

@@ -251,11 +251,16 @@ class FakeEngine:
         self.cache.extend(prompts)
         return outs
 
-    async def async_generate(self, input_ids, sampling_params, stream=False, rid=None):
+    async def async_generate(self, input_ids, sampling_params, stream=False, rid=None, return_logprob=False,
+                             top_logprobs_num=0):
         out, finish = self._continue(input_ids, sampling_params)
         if not stream:
             await asyncio.sleep(0)
-            return {"output_ids": out, "meta_info": {"finish_reason": finish}}
+            meta = {"finish_reason": finish}
+            if return_logprob:
+                meta["output_token_logprobs"] = [(-0.25, t, None) for t in out]
+                meta["output_top_logprobs"] = [[(-0.25, t, None)] * top_logprobs_num for t in out]
+            return {"output_ids": out, "meta_info": meta}
 
         async def gen():
             for k in range(1, len(out) + 1):
@@ -268,7 +273,7 @@ class FakeEngine:
         return gen()
 
 
-@pytest.mark.parametrize("profile", ["matrix", "soak", "text", "eos", "radix", "seeded"])
+@pytest.mark.parametrize("profile", ["matrix", "soak", "soak-ties", "text", "eos", "radix", "seeded"])
 def test_scenario_driver_against_a_stand_in_engine(profile: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(e2e, "_gpu_memory_mib", lambda pids: 1000)
     asyncio.set_event_loop(asyncio.new_event_loop())
@@ -288,7 +293,10 @@ def test_scenario_driver_against_a_stand_in_engine(profile: str, monkeypatch: py
         stop = runs[1]["stop"]
         assert stop["stops"] and all(o["finish"] == "stop" for o in stop["outputs"])
         assert all(o["top_logprobs"] for o in runs[1]["logprob"]["outputs"])
-    if profile == "soak":
+    if profile == "soak-ties":  # the logprobs are asked for and come back
+        done = [o for o in runs[1]["soak"]["outputs"] if not o.get("abort_requested")]
+        assert done and all(len(o["top_logprobs"]) == len(o["output_ids"]) for o in done)
+    if profile in e2e.SOAK_PROFILES:
         soak = runs[1]["soak"]
         aborted = [o for o in soak["outputs"] if o.get("abort_requested")]
         assert aborted and any(o["finish"] == "abort" for o in aborted)
@@ -1578,3 +1586,37 @@ def test_judge_rebuilds_the_adaptive_scenarios_of_an_older_saved_file() -> None:
     e2e.rebuild_adaptive([search, churn], {"stock": run})
     assert run["eos_search"]["found"] == [0] and run["eos_search"]["prompts"] == live["prompts"]
     assert run["eos_churn"]["keys"] == keys and len(set(keys)) == len(keys) >= 3
+
+
+def test_soak_group_covers_fa3_pcg_and_multilayer_eagle(tmp_path: Path) -> None:
+    """The soak runs beyond Triton: FA3 and MTP token for token under deterministic inference,
+    and SGLang's default configuration (piecewise CUDA graph on) batch-variant, with top
+    logprobs on every request so that a difference can be judged a near-tie."""
+    soak = {c.name: c for c in e2e.select_cases(None, groups=["soak"])}
+    assert set(soak) == {"soak-eagle3-triton-det", "fa3soak-eagle3-det", "fa3soak-eagle3-default",
+                         "mtpsoak-fa3-det"}
+    assert all(c.profile in e2e.SOAK_PROFILES for c in soak.values())
+    default = soak["fa3soak-eagle3-default"]
+    kw = e2e.engine_kwargs(default, tmp_path)
+    assert "attention_backend" not in kw and "disable_piecewise_cuda_graph" not in kw
+    assert not kw.get("enable_deterministic_inference") and default.batch_variant
+    assert default.logprob_tol == e2e.TREE_V2_LOGPROB_TOL
+    for name in ("fa3soak-eagle3-det", "mtpsoak-fa3-det"):
+        c = soak[name]
+        assert not c.batch_variant and c.logprob_tol == 0.0
+        assert e2e.engine_kwargs(c, tmp_path)["enable_deterministic_inference"] is True
+    assert soak["mtpsoak-fa3-det"].algorithm == "EAGLE"
+    ties = {s["name"]: s for s in e2e.scenarios("soak-ties", 4096, soak_requests=200)}
+    plain = {s["name"]: s for s in e2e.scenarios("soak", 4096, soak_requests=200)}
+    assert ties.keys() == plain.keys()
+    for name, sc in ties.items():
+        assert sc["top_logprobs_num"] == e2e.TREE_TOP_LOGPROBS and sc["return_logprob"]
+        assert sc["input_ids"] == plain[name]["input_ids"]
+    # the near-tie check judges a batch-variant case's differences (and only then)
+    a = {"outputs": [{"output_ids": [5, 6], "top_logprobs": [[[-0.1, 5], [-0.2, 9]], [[-0.1, 6], [-3.0, 7]]]}]}
+    b = {"outputs": [{"output_ids": [9, 6], "top_logprobs": [[[-0.1, 9], [-0.2, 5]], [[-0.1, 6], [-3.0, 7]]]}]}
+    sc = dict(ties["arrivals"], input_ids=[[3, 4]], sampling_params=[{"max_new_tokens": 2}])
+    checks = e2e.output_checks([sc], {"arrivals": a}, {"arrivals": b}, default.logprob_tol,
+                               near_ties=default.batch_variant)
+    assert any("near-tie" in c.name and c.ok for c in checks)
+    assert all(c.ok for c in checks if c.name.endswith("outputs identical")), checks
