@@ -58,7 +58,9 @@ BACKENDS = {"default": (), "triton": ("--attention-backend", "triton"),
 #: 16's opt-in reordering on (a small or finished prefill's result processed before the next
 #: launch), to measure it beside ``patched``.
 MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}),
-         "patched-prefill-first": ("strict", {"SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"})}
+         "patched-prefill-first": ("strict", {"SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"}),
+         # back-port 17's barrier off: what it costs
+         "patched-no-war": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER": "0"})}
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")
 #: Bootstrap resamples for the pooled TTFT ratios' interval (seeded: the record is reproducible).

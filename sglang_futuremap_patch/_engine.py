@@ -92,8 +92,12 @@ def edited_function(base: Any, target: "Target", namespace: dict[str, Any]) -> t
     before = textwrap.dedent(inspect.getsource(base.__code__))
     src = apply_edits(before, target.edits, target.path)
     node = ast.parse(src).body[0]
-    if not isinstance(node, ast.FunctionDef) or node.decorator_list:
-        raise PatchError(f"{target.path}: an edit target must be an undecorated function")
+    # A classmethod / staticmethod keeps its kind: ``_build`` wraps the edited function again.
+    binding = {"classmethod", "staticmethod"}
+    if not isinstance(node, ast.FunctionDef) or any(
+            not (isinstance(d, ast.Name) and d.id in binding) for d in node.decorator_list):
+        raise PatchError(f"{target.path}: an edit target must be an undecorated function "
+                         "(or a classmethod / staticmethod)")
     # Named by its text too: each link of a chain keeps its own source in linecache.
     digest = hashlib.sha256(src.encode()).hexdigest()[:12]
     filename = f"<{MARK} edit of {target.path} {digest}>"

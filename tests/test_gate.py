@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -395,3 +396,46 @@ def test_every_verdict_decision_is_one_documented_value() -> None:
         written |= {v for k, v in re.findall(r'^(\w+) = "(\w+)"$', text, re.M) if k == "UNAVAILABLE"}
     assert {"patch", "off", "failed", "unavailable"} <= written
     assert written <= set(_engine.DECISIONS), written - set(_engine.DECISIONS)
+
+
+def test_an_edit_of_a_classmethod_stays_a_classmethod(clean_state):
+    """A text edit of a classmethod (``SamplingBatchInfo.from_schedule_batch``) installs a
+    classmethod that runs the edited text; any other decorator is refused."""
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    owner = "sglang.srt.sampling.sampling_batch_info"
+    raw = inspect.getattr_static(SamplingBatchInfo, "from_schedule_batch")
+    assert isinstance(raw, classmethod)
+    edit = _engine.TextEdit(old="    global_server_args = get_global_server_args()\n",
+                            new="    cls.edited_marker = len(batch.reqs)\n"
+                                "    global_server_args = get_global_server_args()\n")
+    target = _engine.Target(owner, "SamplingBatchInfo.from_schedule_batch", None,
+                            _engine.fingerprint(raw), kind="edit", edits=(edit,))
+    series = [_engine.Backport("c", "c", (1,), "c.patch", (target,))]
+    verdict = _engine.gate(series)
+    assert verdict.ok, verdict.reason
+    _engine.install(series, verdict)
+    try:
+        installed = inspect.getattr_static(SamplingBatchInfo, "from_schedule_batch")
+        assert isinstance(installed, classmethod)
+        try:  # runs the edited text: the marker is set first, whatever follows
+            SamplingBatchInfo.from_schedule_batch(SimpleNamespace(reqs=[1, 2]), 8)
+        except Exception:
+            pass
+        assert SamplingBatchInfo.edited_marker == 2
+    finally:
+        _engine.uninstall()
+        if "edited_marker" in vars(SamplingBatchInfo):
+            del SamplingBatchInfo.edited_marker
+    decorated = _engine.Target(owner, "x", None, "", kind="edit", edits=())
+    with pytest.raises(_engine.PatchError, match="undecorated"):
+        _engine.edited_function(_decorated_example, decorated, {})
+
+
+def _identity(func):
+    return func
+
+
+@_identity
+def _decorated_example():
+    return 1

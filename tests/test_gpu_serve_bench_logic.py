@@ -102,7 +102,7 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
     from sglang_futuremap_patch.backports import prefill_result_first
 
     assert prefill_result_first.PREFILL_RESULT_FIRST_ENV in env
-    assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first"}
+    assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -406,3 +406,10 @@ def test_bench_client_process_answers_each_call_and_times_out(tmp_path: Path) ->
     dead.proc.wait()
     assert dead.call(["--port", "1"], 5)["rc"] == 1
     dead.close()
+
+
+def test_no_war_variant_is_the_plugin_with_back_port_17_off() -> None:
+    from sglang_futuremap_patch.backports import war_barrier
+
+    mode, env = sb.MODES["patched-no-war"]
+    assert mode == "strict" and env == {war_barrier.WAR_BARRIER_ENV: "0"}

@@ -25,6 +25,7 @@ SERIES: tuple[str, ...] = (
     "draft_extend_lens",
     "chain_fast_path",
     "prefill_result_first",
+    "war_barrier",
 )
 
 

@@ -1,0 +1,331 @@
+"""Back-port war-barrier: the schedule stream is queued behind the forward in flight.
+
+SGLang's real ``get_next_batch_to_run`` (and its two PD-disaggregation variants) run on a
+scheduler object whose schedule stream records what it is asked to wait for; the first thing
+each one does after the barrier is stopped, so the test sees whether the barrier came first.
+The uploads the barrier would otherwise make blocking run in SGLang's real
+``prepare_for_decode`` (page size 1 and 16), ``write_cache_indices`` (its Triton path, the
+kernel launch recorded instead of run: it is a GPU kernel) and ``alloc_for_extend``; an upload
+probe records every host-to-device upload made from Python data (``torch.tensor(..., device=)``)
+and every ``Tensor.to(device)`` with its ``non_blocking`` flag.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import activate_backport
+from sim_support import make_pools, make_server_args
+
+
+class _Stop(Exception):
+    pass
+
+
+class _RecordingStream:
+    """The schedule stream: records the streams it is queued behind."""
+
+    def __init__(self) -> None:
+        self.waited: list[object] = []
+
+    def wait_stream(self, other: object) -> None:
+        self.waited.append(other)
+
+
+@pytest.fixture
+def patched(clean_state, monkeypatch):
+    monkeypatch.delenv("SGLANG_FUTUREMAP_WAR_BARRIER", raising=False)
+    activate_backport()
+    yield
+
+
+def _scheduler(*, overlap: bool = True, algorithm: str | None = "EAGLE3", device: str = "cuda"):
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    s = object.__new__(Scheduler)
+    s.enable_overlap = overlap
+    s.spec_algorithm = SpeculativeAlgorithm.from_string(algorithm)
+    s.device = device
+    s.schedule_stream = _RecordingStream()
+    s.forward_stream = object()
+    return s
+
+
+@pytest.fixture
+def cuda_build(monkeypatch):
+    """A CUDA build of torch, as far as the decision reads it."""
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+
+
+def test_barrier_comes_first_in_get_next_batch_to_run(patched, cuda_build):
+    s = _scheduler()
+    s.enable_fpm = False
+    calls = []
+
+    def first_stock_statement():
+        calls.append(1)
+        assert s.schedule_stream.waited == [s.forward_stream] * len(calls)
+        raise _Stop
+
+    s._abort_on_waiting_timeout = first_stock_statement
+    with pytest.raises(_Stop):
+        s.get_next_batch_to_run()
+    assert s.schedule_stream.waited == [s.forward_stream]
+    with pytest.raises(_Stop):  # every iteration, not once
+        s.get_next_batch_to_run()
+    assert s.schedule_stream.waited == [s.forward_stream] * 2
+
+
+def test_barrier_comes_first_in_the_pd_loops(patched, cuda_build):
+    s = _scheduler()
+
+    def first_decode_statement():
+        assert s.schedule_stream.waited == [s.forward_stream]
+        raise _Stop
+
+    s.get_new_prebuilt_batch = first_decode_statement
+    with pytest.raises(_Stop):
+        s.get_next_disagg_decode_batch_to_run()
+
+    s = _scheduler()
+    s.running_batch = SimpleNamespace(batch_is_full=True)
+
+    def first_prefill_statement():
+        assert s.schedule_stream.waited == [s.forward_stream]
+        assert s.running_batch.batch_is_full is False
+        raise _Stop
+
+    s.process_prefill_chunk = first_prefill_statement
+    with pytest.raises(_Stop):
+        s.get_next_disagg_prefill_batch_to_run()
+
+
+@pytest.mark.parametrize("setting, overlap, algorithm, device, cuda, wanted", [
+    (None, True, "EAGLE3", "cuda", "12.8", True),
+    (None, True, "STANDALONE", "cuda", "12.8", True),
+    ("0", True, "EAGLE3", "cuda", "12.8", False),  # turned off
+    (None, False, "EAGLE3", "cuda", "12.8", False),  # no overlap loop
+    (None, True, None, "cuda", "12.8", False),  # not speculative: SGLang's loop as it is
+    (None, True, "EAGLE3", "cuda", None, False),  # a ROCm build (#26646: CUDA only)
+    (None, True, "EAGLE3", "cpu", "12.8", False),
+    ("1", True, "EAGLE3", "cpu", None, True),  # asked for off CUDA
+    ("1", True, None, "cuda", "12.8", False),
+])
+def test_who_gets_the_barrier(patched, monkeypatch, setting, overlap, algorithm, device, cuda, wanted):
+    if setting is not None:
+        monkeypatch.setenv("SGLANG_FUTUREMAP_WAR_BARRIER", setting)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    s = _scheduler(overlap=overlap, algorithm=algorithm, device=device)
+    s.apply_war_barrier()
+    assert s.schedule_stream.waited == ([s.forward_stream] if wanted else [])
+    # decided once per scheduler
+    monkeypatch.setenv("SGLANG_FUTUREMAP_WAR_BARRIER", "0" if wanted else "1")
+    s.apply_war_barrier()
+    assert len(s.schedule_stream.waited) == (2 if wanted else 0)
+
+
+# --------------------------------------------------------------------------- uploads
+
+
+#: The device the batch and the pools live on: the CPU here, named by a ``torch.device`` (SGLang
+#: names its device by a string, "cpu" for host tensors too), so the probe can tell an upload to
+#: it from a tensor made on the host on purpose (``device="cpu"``).
+ACCEL = torch.device("cpu")
+
+
+class UploadProbe:
+    """Records, while armed, ``torch.tensor(data, device=ACCEL)`` (a blocking upload on a GPU)
+    and ``Tensor.to(ACCEL)`` of host tensors with their ``non_blocking`` flag."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.blocking: list[str] = []
+        self.async_uploads = 0
+        self.armed = False
+        tensor, to = torch.tensor, torch.Tensor.to
+        probe = self
+
+        def tensor_spy(*args, **kwargs):
+            if probe.armed and isinstance(kwargs.get("device"), torch.device):
+                import traceback
+                frame = traceback.extract_stack(limit=2)[0]
+                probe.blocking.append(f"torch.tensor(device={kwargs['device']}) at {frame.name}:{frame.lineno}")
+            return tensor(*args, **kwargs)
+
+        def to_spy(self_, *args, **kwargs):
+            device = kwargs.get("device", args[0] if args else None)
+            if probe.armed and self_.device.type == "cpu" and isinstance(device, torch.device):
+                if kwargs.get("non_blocking"):
+                    probe.async_uploads += 1
+                else:
+                    probe.blocking.append(f"Tensor.to({device})")
+            return to(self_, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "tensor", tensor_spy)
+        monkeypatch.setattr(torch.Tensor, "to", to_spy)
+
+    @contextmanager
+    def arm(self):
+        self.armed = True
+        try:
+            yield self
+        finally:
+            self.armed = False
+
+
+class _PagedSlots:
+    """The paged KV allocator's slot assignment (a Triton kernel in SGLang) stood in for:
+    fresh slots in order, every call recorded with the tensors it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, object]] = []
+        self.next = 1
+
+    def __call__(self, *args, **kwargs):
+        names = ("tree_cache", "prefix_lens", "prefix_lens_cpu", "seq_lens", "seq_lens_cpu",
+                 "last_loc", "extend_num_tokens")
+        call = dict(zip(names, args), **kwargs)
+        self.calls.append({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in call.items()})
+        n = int(call["extend_num_tokens"])
+        out = torch.arange(self.next, self.next + n, dtype=torch.int64)
+        self.next += n
+        return out
+
+
+def _decode_batch(page_size: int, monkeypatch):
+    """A spec-v2 decode batch of three requests, as the running batch holds them after their
+    prefill (KV allocated for the prompt by SGLang's ``alloc_for_extend``, lengths committed).
+    Returns the batch and the paged-slot recorder (page size > 1)."""
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.mem_cache import common
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative import eagle_info_v2
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    slots = _PagedSlots()
+    monkeypatch.setattr(common, "alloc_paged_token_slots_extend", slots)
+    monkeypatch.setattr(eagle_info_v2, "alloc_paged_token_slots_extend", slots)
+    pool, allocator, tree_cache = make_pools(4, 96, kv_tokens=2048)
+    tree_cache.page_size = allocator.page_size = page_size
+    pool.device = ACCEL
+    reqs = []
+    for i, n in enumerate((5, 9, 17)):
+        params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+        params.normalize(None)
+        req = Req(f"r-{i}", "", [11 + k for k in range(n)], params, vocab_size=512)
+        req.init_next_round_input(tree_cache)
+        req.set_extend_input_len(len(req.fill_ids) - len(req.prefix_indices))
+        reqs.append(req)
+    model_config = SimpleNamespace(vocab_size=512, is_encoder_decoder=False, is_matryoshka=False,
+                                   hidden_size=16, context_len=96)
+    batch = ScheduleBatch.init_new(reqs, pool, allocator, tree_cache, model_config, True,
+                                   SpeculativeAlgorithm.from_string("EAGLE3"))
+    batch.device = ACCEL
+    batch.prepare_for_extend()
+    for r in reqs:
+        r.kv_committed_len = r.kv_allocated_len = len(r.origin_input_ids)
+    batch.forward_mode = type(batch.forward_mode).DECODE
+    batch.spec_info = EagleDraftInput(
+        topk_p=torch.ones(3, 1), topk_index=torch.zeros(3, 1, dtype=torch.int64),
+        hidden_states=torch.zeros(3, 16), bonus_tokens=torch.zeros(3, dtype=torch.int64))
+    return batch, slots
+
+
+@pytest.fixture
+def server_args():
+    from sglang.srt import server_args as sa
+
+    previous = sa._global_server_args
+
+    def use(**overrides):
+        args = make_server_args("EAGLE3")
+        for k, v in overrides.items():
+            setattr(args, k, v)
+        sa.set_global_server_args_for_scheduler(args)
+
+    yield use
+    sa._global_server_args = previous
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_prepare_for_decode_uploads_do_not_block(patched, monkeypatch, server_args, page_size):
+    from sglang.srt.speculative import spec_utils
+
+    from sim_support import torch_assign_req_to_token_pool_func
+
+    server_args(page_size=page_size)
+    monkeypatch.setattr(spec_utils, "assign_req_to_token_pool_func", torch_assign_req_to_token_pool_func)
+    batch, slots = _decode_batch(page_size, monkeypatch)
+    before = [r.kv_allocated_len for r in batch.reqs]
+    probe = UploadProbe(monkeypatch)
+    with probe.arm():
+        batch.spec_info.prepare_for_decode(batch)
+    assert probe.blocking == []
+    assert probe.async_uploads == (2 if page_size == 1 else 4)
+    if page_size > 1:  # the allocator got the lengths it gets from stock
+        call = slots.calls[-1]
+        assert call["prefix_lens"].tolist() == call["prefix_lens_cpu"].tolist() == before
+        assert call["seq_lens"].tolist() == call["seq_lens_cpu"].tolist() == [r.kv_allocated_len for r in batch.reqs]
+    # every request got its next window, written to its req_to_token row
+    for r, b in zip(batch.reqs, before):
+        assert r.kv_allocated_len > b
+        row = batch.req_to_token_pool.req_to_token[r.req_pool_idx, : r.kv_allocated_len]
+        assert (row > 0).all() and len(set(row.tolist())) == r.kv_allocated_len
+
+
+def test_write_cache_indices_uploads_prefix_pointers_asynchronously(patched, monkeypatch, server_args):
+    from sglang.srt.mem_cache import common
+
+    launches = []
+
+    class _Kernel:
+        def __getitem__(self, grid):
+            def launch(req_to_token, req_pool_indices, prefix_pointers, *rest):
+                launches.append((grid, prefix_pointers.clone()))
+            return launch
+
+    monkeypatch.setattr(common, "write_req_to_token_pool_triton", _Kernel())
+    server_args(attention_backend="triton")
+    pool, _, _ = make_pools(4, 96, kv_tokens=512)
+    pool.device = ACCEL
+    prefixes = [torch.arange(3, dtype=torch.int64), torch.arange(5, dtype=torch.int64)]
+    lens = torch.tensor([3, 5])
+    probe = UploadProbe(monkeypatch)
+    with probe.arm():
+        common.write_cache_indices(
+            torch.arange(8), torch.tensor([1, 2]), torch.tensor([1, 2]), lens, lens,
+            lens + 4, lens + 4, torch.tensor([4, 4]), torch.tensor([4, 4]), prefixes, pool)
+    assert probe.blocking == [] and probe.async_uploads == 1
+    (grid, pointers), = launches
+    assert pointers.tolist() == [t.data_ptr() for t in prefixes] and grid == (2,)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_prefill_preparation_uploads_do_not_block(patched, monkeypatch, server_args, deterministic):
+    """SGLang's whole prefill preparation (``prepare_for_extend``: KV slots, req_to_token,
+    the sampling parameters) uploads nothing synchronously; an empty prefix's last location
+    (page size > 1) is made on the device; the sampling tensors hold the requests' values."""
+    server_args(page_size=16, enable_deterministic_inference=deterministic)
+    probe = UploadProbe(monkeypatch)
+    with probe.arm():
+        batch, slots = _decode_batch(16, monkeypatch)
+    assert probe.blocking == []
+    assert probe.async_uploads >= (5 if deterministic else 4)
+    (call,) = slots.calls
+    assert call["last_loc"].tolist() == [-1, -1, -1] and call["last_loc"].dtype == torch.int64
+    info = batch.sampling_info
+    params = [r.sampling_params for r in batch.reqs]
+    assert info.temperatures.shape == (3, 1) and info.temperatures.dtype == torch.float
+    assert info.temperatures.view(-1).tolist() == [p.temperature for p in params]
+    assert info.top_ps.tolist() == pytest.approx([p.top_p for p in params])
+    assert info.top_ks.dtype == torch.int32 and info.top_ks.tolist() == [p.top_k for p in params]
+    assert info.min_ps.tolist() == [p.min_p for p in params]
+    if deterministic:
+        assert info.sampling_seed.dtype == torch.int64 and info.sampling_seed.tolist() == [42] * 3
+    else:
+        assert info.sampling_seed is None
