@@ -249,16 +249,21 @@ SOAK_PROFILES = ("soak", "soak-ties")
 
 def soak_cases() -> list[Case]:
     """The soak (2,000 requests, aborts, GPU memory) beyond Triton: FA3 and multi-layer EAGLE
-    (the MiMoV2 target and its MTP layers) under deterministic inference, token for token, and
-    SGLang's default configuration (FA3 + piecewise CUDA graph), which deterministic inference
-    would turn piecewise CUDA graph off for: that row is batch-variant and compared at
-    near-ties."""
+    (the MiMoV2 target and its MTP layers) under deterministic inference, and SGLang's default
+    configuration (FA3 + piecewise CUDA graph, which deterministic inference would turn off).
+    All three are batch-variant: compared at near-ties, a second stock run recording how far
+    stock reproduces itself."""
     det = (("enable_deterministic_inference", True), ("max_running_requests", 64))
+    # FA3's spec-v2 paths are not batch-invariant in 0.5.12.x even under deterministic
+    # inference (H100, 2026-11-24: stock and patched differed on 11 and 88 of 1,900 soak
+    # requests, Triton's soak on none): judged by near-ties, with a second stock run's scatter
+    # in the notes.
     return [
-        Case("fa3soak-eagle3-det", "EAGLE3", "fa3", True, False, "soak", det),
+        Case("fa3soak-eagle3-det", "EAGLE3", "fa3", True, False, "soak-ties", det, batch_variant=True),
         Case("fa3soak-eagle3-default", "EAGLE3", "default", True, True, "soak-ties", (("max_running_requests", 64),),
              batch_variant=True),
-        Case("mtpsoak-fa3-det", "EAGLE", "fa3", True, False, "soak", det + (("trust_remote_code", True),)),
+        Case("mtpsoak-fa3-det", "EAGLE", "fa3", True, False, "soak-ties", det + (("trust_remote_code", True),),
+             batch_variant=True),
     ]
 
 
@@ -1171,6 +1176,28 @@ def _logprob_check(tol: float) -> str:
 MISMATCH_CHECKS = (": outputs identical", ": " + _logprob_check(0.0), ": " + _logprob_check(TREE_V2_LOGPROB_TOL))
 
 
+def stock_scatter_notes(sc_list: Sequence[dict[str, Any]], stock: dict[str, Any], rerun: dict[str, Any],
+                        patched: dict[str, Any]) -> list[str]:
+    """For a batch-variant case: per scenario, how many finished requests two stock runs of the
+    same workload disagree on, next to how many the patched run disagrees with the first on."""
+    s1, s2, pp = ((r.get("result") or {}).get("scenarios", {}) for r in (stock, rerun, patched))
+    if rerun.get("returncode") != 0 or not s2:
+        return ["second stock run did not finish"]
+    notes = []
+    for sc in sc_list:
+        a, b, p = ((r.get(sc["name"]) or {}).get("outputs") for r in (s1, s2, pp))
+        if not a or not b or not p or not len(a) == len(b) == len(p):
+            continue
+        done = [i for i, (x, y, z) in enumerate(zip(a, b, p))
+                if x and y and z and not (x.get("abort_requested") or y.get("abort_requested")
+                                          or z.get("abort_requested"))]
+        ss = sum(a[i]["output_ids"] != b[i]["output_ids"] for i in done)
+        sp = sum(a[i]["output_ids"] != p[i]["output_ids"] for i in done)
+        notes.append(f"{sc['name']}: stock run 1 vs stock run 2 differ on {ss}/{len(done)} finished requests; "
+                     f"stock run 1 vs patched on {sp}/{len(done)}")
+    return notes
+
+
 def adjudicate(sc_list: Sequence[dict[str, Any]], checks: list[Check], stock: dict[str, Any],
                rerun: dict[str, Any], patched: dict[str, Any], logprob_tol: float = 0.0) -> list[Check]:
     """Second opinion on output mismatches, from a second stock run of the same workload.
@@ -1813,6 +1840,12 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
                         errors["stock-rerun"] = runs["stock-rerun"]["error"]
                     checks = adjudicate(workloads[c.profile], checks, runs["stock"], runs["stock-rerun"],
                                         runs["patched"], c.logprob_tol)
+                if c.batch_variant and not errors:
+                    # How far stock reproduces itself on this workload: a second stock run,
+                    # recorded as notes (the checks judge by near-ties).
+                    runs["stock-rerun"] = one(c, "stock-rerun", "off")
+                    notes += stock_scatter_notes(workloads[c.profile], runs["stock"], runs["stock-rerun"],
+                                                 runs["patched"])
             if c.upstream and upstream_site and "upstream" not in runs:
                 notes.append("0.5.13 not run: the case needs FA3, not installed in 0.5.13's site")
             r = CaseResult(c, not errors and all(x.ok for x in checks), checks, time.perf_counter() - t0, runs,

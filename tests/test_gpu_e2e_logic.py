@@ -1603,8 +1603,9 @@ def test_soak_group_covers_fa3_pcg_and_multilayer_eagle(tmp_path: Path) -> None:
     assert default.logprob_tol == e2e.TREE_V2_LOGPROB_TOL
     for name in ("fa3soak-eagle3-det", "mtpsoak-fa3-det"):
         c = soak[name]
-        assert not c.batch_variant and c.logprob_tol == 0.0
+        assert c.batch_variant and c.profile == "soak-ties"
         assert e2e.engine_kwargs(c, tmp_path)["enable_deterministic_inference"] is True
+    assert not soak["soak-eagle3-triton-det"].batch_variant  # Triton's soak: token for token
     assert soak["mtpsoak-fa3-det"].algorithm == "EAGLE"
     ties = {s["name"]: s for s in e2e.scenarios("soak-ties", 4096, soak_requests=200)}
     plain = {s["name"]: s for s in e2e.scenarios("soak", 4096, soak_requests=200)}
@@ -1620,3 +1621,18 @@ def test_soak_group_covers_fa3_pcg_and_multilayer_eagle(tmp_path: Path) -> None:
                                near_ties=default.batch_variant)
     assert any("near-tie" in c.name and c.ok for c in checks)
     assert all(c.ok for c in checks if c.name.endswith("outputs identical")), checks
+
+
+def test_stock_scatter_notes_count_what_two_stock_runs_disagree_on() -> None:
+    def run(outputs):
+        return {"returncode": 0, "result": {"scenarios": {"soak": {"outputs": outputs}}}}
+
+    o = lambda *ids, **kw: dict({"output_ids": list(ids)}, **kw)  # noqa: E731
+    sc = [{"name": "soak"}]
+    s1 = run([o(1, 2), o(3, 4), o(5, 6), o(7, abort_requested=True)])
+    s2 = run([o(1, 2), o(3, 9), o(5, 6), o(8, abort_requested=True)])
+    pp = run([o(1, 2), o(3, 9), o(5, 7), o(7)])
+    (note,) = e2e.stock_scatter_notes(sc, s1, s2, pp)
+    assert note == ("soak: stock run 1 vs stock run 2 differ on 1/3 finished requests; "
+                    "stock run 1 vs patched on 2/3")
+    assert e2e.stock_scatter_notes(sc, s1, {"returncode": 1}, pp) == ["second stock run did not finish"]
