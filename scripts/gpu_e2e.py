@@ -1193,8 +1193,18 @@ def stock_scatter_notes(sc_list: Sequence[dict[str, Any]], stock: dict[str, Any]
                                           or z.get("abort_requested"))]
         ss = sum(a[i]["output_ids"] != b[i]["output_ids"] for i in done)
         sp = sum(a[i]["output_ids"] != p[i]["output_ids"] for i in done)
-        notes.append(f"{sc['name']}: stock run 1 vs stock run 2 differ on {ss}/{len(done)} finished requests; "
-                     f"stock run 1 vs patched on {sp}/{len(done)}")
+        cut = [i for i, (x, y, z) in enumerate(zip(a, b, p)) if x and y and z and i not in set(done)]
+
+        def parted(x: dict[str, Any], y: dict[str, Any]) -> bool:
+            n = min(len(x["output_ids"]), len(y["output_ids"]))
+            return x["output_ids"][:n] != y["output_ids"][:n]
+
+        note = (f"{sc['name']}: stock run 1 vs stock run 2 differ on {ss}/{len(done)} finished requests; "
+                f"stock run 1 vs patched on {sp}/{len(done)}")
+        if cut:
+            note += (f"; aborted ones parting as prefixes: stock vs stock {sum(parted(a[i], b[i]) for i in cut)}"
+                     f"/{len(cut)}, stock vs patched {sum(parted(a[i], p[i]) for i in cut)}/{len(cut)}")
+        notes.append(note)
     return notes
 
 
@@ -1358,12 +1368,15 @@ def near_tie_checks(sc: dict[str, Any], a: dict[str, Any] | None, b: dict[str, A
 
 def explain_by_near_ties(checks: list[Check], tie_checks: Sequence[Check], label: str = "") -> list[Check]:
     """``checks`` with each failed "outputs identical" check of a scenario whose differences
-    are all near-ties marked as explained (kept in the record, next to its near-tie check)."""
+    are all near-ties marked as explained (kept in the record, next to its near-tie check).
+    So is its "aborted outputs agree as prefixes" check: a streamed request the client aborts
+    carries no logprobs, so where it parts it is judged with its scenario (a batch-variant
+    case's notes count how often two stock runs' aborted outputs part too)."""
     tied = {c.name[len(label):].split(": ", 1)[0] for c in tie_checks if c.ok}
     out = []
     for c in checks:
         scen, _, what = c.name[len(label):].partition(": ") if c.name.startswith(label) else ("", "", "")
-        if not c.ok and what == "outputs identical" and scen in tied:
+        if not c.ok and what in ("outputs identical", "aborted outputs agree as prefixes") and scen in tied:
             c = Check(c.name, True, "[every difference a near-tie: see that check] " + c.detail)
         out.append(c)
     return out

@@ -1634,5 +1634,17 @@ def test_stock_scatter_notes_count_what_two_stock_runs_disagree_on() -> None:
     pp = run([o(1, 2), o(3, 9), o(5, 7), o(7)])
     (note,) = e2e.stock_scatter_notes(sc, s1, s2, pp)
     assert note == ("soak: stock run 1 vs stock run 2 differ on 1/3 finished requests; "
-                    "stock run 1 vs patched on 2/3")
+                    "stock run 1 vs patched on 2/3; aborted ones parting as prefixes: stock vs stock 1/1, "
+                    "stock vs patched 0/1")
     assert e2e.stock_scatter_notes(sc, s1, {"returncode": 1}, pp) == ["second stock run did not finish"]
+
+
+def test_a_near_tie_scenario_explains_its_aborted_outputs_too() -> None:
+    tie = [e2e.Check("soak: every difference a near-tie (margin <= 0.25 on both sides)", True, "")]
+    checks = [e2e.Check("soak: aborted outputs agree as prefixes", False, "1 disagree"),
+              e2e.Check("soak: lengths as requested", False, "x"),
+              e2e.Check("arrivals: aborted outputs agree as prefixes", False, "1 disagree")]
+    out = {c.name: c for c in e2e.explain_by_near_ties(checks, tie)}
+    assert out["soak: aborted outputs agree as prefixes"].ok
+    assert not out["soak: lengths as requested"].ok  # only the output comparisons
+    assert not out["arrivals: aborted outputs agree as prefixes"].ok  # no near-tie check there
