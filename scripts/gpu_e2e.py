@@ -424,7 +424,6 @@ def tree_v2_det_cases() -> list[Case]:
     """The same trees with batch-invariant kernels on both sides: spec v1 and spec v2 run
     different draft extends, so their drafts, and with them the verify batches' shapes,
     differ; with SGLang's deterministic inference a request's logits depend less on them."""
-    v2 = _TREE_V2
     cases = []
     det = (("enable_deterministic_inference", True),)
     for backend, tree, graph in (("flashinfer", (5, 4, 8), True), ("fa3", (3, 4, 16), True),

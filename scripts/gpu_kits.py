@@ -63,7 +63,6 @@ from gpu_harness import child_env, launch, logs, model_factory, port_blocks, rec
 
 #: flavour -> gpu_harness.child_env variant
 FLAVOURS: dict[str, str] = {"stock": "stock", "plugin": "patched", "tree": "tree"}
-JOB_STATUSES = ("passed", "failed", "error", "skipped", "not run")
 BACKENDS = ("auto", "triton", "fa3", "flashinfer")
 MIN_JOB_S = 90  # a job is not started with less of the budget left
 
