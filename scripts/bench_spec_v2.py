@@ -71,7 +71,7 @@ Extra passes, per case:
 * ``--probe`` (default on): one Engine per variant, untimed, with a sync probe in the
   scheduler process (``scripts/gpu_probe/smoke_sync_probe.py``, i.e. ``gpu_smoke.py
   --sync-probe``, read as cumulative snapshots after each batch size; or, with
-  ``--sync-probe-impl own`` or when that file is missing, the minimal probe in this file):
+  ``--sync-probe-impl own``, the minimal one, ``scripts/gpu_probe/bench_sync_probe.py``):
   host time blocked in CUDA syncs (``Event/Stream.synchronize``,
   ``torch.cuda.synchronize``, ``Tensor.item/tolist/cpu/__bool__/__int__/__float__`` and
   ``Tensor.to``/``copy_`` to the host, on CUDA tensors), per decode iteration (an iteration
@@ -124,7 +124,6 @@ import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -133,22 +132,18 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-import gpu_engine as ge  # noqa: E402  (ports, environment, launch, variants, FA3: shared by every harness)
+from gpu_harness import child_env, engine_config, launch, logs, model_factory, port_blocks, records  # noqa: E402
 
 SCHEMA = "bench_spec_v2/1"
-ENV_MODE = ge.ENV_MODE
-SYNC_PROBE_ENV = "BENCH_SYNC_PROBE_DIR"
-SYNC_PHASE_FILE = "phase.txt"
-SCHEDULER_TITLE = ge.SCHEDULER_TITLE
 DECODE_MODES = frozenset({"DECODE", "TARGET_VERIFY"})
 
-SPEC = {"speculative_algorithm": "STANDALONE", **ge.SPEC_STEPS}
+SPEC = {"speculative_algorithm": "STANDALONE", **engine_config.SPEC_STEPS}
 #: The three Engine kwargs ``--spec STEPS,TOPK,DRAFT_TOKENS`` sets, in that order.
 SPEC_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
 SpecShape = tuple[int, int, int]
 #: The shape of every case without ``--spec`` (and of every case of an older result file): a
 #: chain of 3 steps, topk 1, 4 draft tokens. Its cases keep names without a spec.
-DEFAULT_SPEC: SpecShape = tuple(int(ge.SPEC_STEPS[k]) for k in SPEC_KEYS)  # type: ignore[assignment]
+DEFAULT_SPEC: SpecShape = tuple(int(engine_config.SPEC_STEPS[k]) for k in SPEC_KEYS)  # type: ignore[assignment]
 SPEC_V1, SPEC_V2 = "spec v1", "spec v2"
 #: SGLang's own lines (server_args.py, 0.5.12.x and 0.5.13) for the path a speculative Engine
 #: takes; the plugin's auto-tree WARNING starts with the same words as the first.
@@ -294,20 +289,6 @@ def is_tree(spec: Sequence[int]) -> bool:
     return int(spec[1]) > 1
 
 
-def model_configs(model: str, max_positions: int = 4096) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(target config.json, draft config.json or None for draft = target); ``max_positions``:
-    the context length the Engine may serve (prompt + new tokens)."""
-    from make_tiny_models import llama_config
-
-    if model == "tiny":
-        return llama_config(max_position_embeddings=max_positions), None
-    if model == "8b":
-        shape = dict(hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, head_dim=128,
-                     vocab_size=32000, max_position_embeddings=max_positions, rope_theta=500000.0)
-        return llama_config(num_layers=32, **shape), llama_config(num_layers=1, **shape)
-    raise ValueError(f"unknown model {model!r}")
-
-
 def context_needed(prompt_len: int, *new_tokens: int) -> int:
     """``max_position_embeddings`` for prompts of ``prompt_len`` and the longest generation:
     4096 (the models' own) unless more is needed, then the next power of two."""
@@ -318,20 +299,6 @@ def context_needed(prompt_len: int, *new_tokens: int) -> int:
     return size
 
 
-def write_model_dirs(model: str, root: Path, max_positions: int = 4096) -> tuple[str, str]:
-    """config.json-only model directories (dummy weights); returns (target, draft) paths."""
-    tcfg, dcfg = model_configs(model, max_positions)
-    tdir = root / model / "target"
-    tdir.mkdir(parents=True, exist_ok=True)
-    (tdir / "config.json").write_text(json.dumps(tcfg, indent=1) + "\n")
-    if dcfg is None:
-        return str(tdir), str(tdir)
-    ddir = root / model / "draft"
-    ddir.mkdir(parents=True, exist_ok=True)
-    (ddir / "config.json").write_text(json.dumps(dcfg, indent=1) + "\n")
-    return str(tdir), str(ddir)
-
-
 def engine_kwargs(model: str, backend: str, target: str, draft: str, batch_sizes: Sequence[int], *,
                   mem_fraction: float | None = None, pcg_max_tokens: int | None = None,
                   seed: int = 0, log_level: str = "info", spec: Sequence[int] = DEFAULT_SPEC) -> dict[str, Any]:
@@ -340,7 +307,7 @@ def engine_kwargs(model: str, backend: str, target: str, draft: str, batch_sizes
     bss = sorted(set(int(b) for b in batch_sizes))
     if pcg_max_tokens is None:
         pcg_max_tokens = PCG_MAX_TOKENS.get(backend)
-    kw = ge.spec_engine_kwargs(
+    kw = engine_config.spec_engine_kwargs(
         target, draft, algorithm=SPEC["speculative_algorithm"], backend=attn, cuda_graph=True, pcg=pcg,
         mem_fraction=mem_fraction if mem_fraction is not None else MEM_FRACTION[model], seed=seed,
         cuda_graph_max_bs=max(bss), pcg_max_tokens=pcg_max_tokens if backend_pcg(backend) else None,
@@ -390,17 +357,6 @@ def decode_metrics(bs: int, max_new_tokens: int, t_prefill_s: float, t_total_s: 
     }
 
 
-def quantile(sorted_vals: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default) of already sorted values."""
-    n = len(sorted_vals)
-    if n == 0:
-        raise ValueError("no values")
-    pos = (n - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, n - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
-
-
 def spread(values: Iterable[float | None]) -> dict[str, Any] | None:
     vals = sorted(float(v) for v in values if v is not None)
     if not vals:
@@ -410,8 +366,8 @@ def spread(values: Iterable[float | None]) -> dict[str, Any] | None:
         "median": statistics.median(vals),
         "min": vals[0],
         "max": vals[-1],
-        "q1": quantile(vals, 0.25),
-        "q3": quantile(vals, 0.75),
+        "q1": records.quantile(vals, 0.25),
+        "q3": records.quantile(vals, 0.75),
         "values": vals,
     }
 
@@ -455,24 +411,10 @@ def summarize_probe_block(probe: dict[str, Any] | None, bs: int) -> dict[str, An
     return (probe.get("by_bs") or {}).get(str(bs))
 
 
-def host_profile_module() -> Any:
-    """``scripts/gpu_probe/host_profile.py`` (a folder that is not a package)."""
-    name = "bench_host_profile"
-    mod = sys.modules.get(name)
-    if mod is None:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location(name, HERE / "gpu_probe" / "host_profile.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
-
-
 def summarize_host_docs(docs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The scheduler's host profile (``host-<pid>.json``), per batch size and decode iteration."""
-    hp = host_profile_module()
-    sched = [d for d in docs if str(d.get("proctitle") or "").startswith(SCHEDULER_TITLE)] or list(docs)
+    hp = child_env.probe_module("host_profile")
+    sched = [d for d in docs if str(d.get("proctitle") or "").startswith(logs.SCHEDULER_TITLE)] or list(docs)
     if not sched:
         return None
     doc = max(sched, key=lambda d: len(d.get("phases") or {}))
@@ -502,7 +444,7 @@ def compare_host(stock: dict[str, Any] | None, patched: dict[str, Any] | None, b
     p = ((patched or {}).get("by_bs") or {}).get(str(bs))
     if not s or not p:
         return None
-    hp = host_profile_module()
+    hp = child_env.probe_module("host_profile")
     loop = sorted(set(s.get("loop_us_per_iter") or {}) | set(p.get("loop_us_per_iter") or {}))
     return {
         "decode_iterations": {"stock": s["decode_iterations"], "patched": p["decode_iterations"]},
@@ -518,7 +460,7 @@ def case_variants(case: dict[str, Any]) -> list[str]:
     """stock and patched, then upstream where the case has anything of it."""
     seen = {r.get("variant") for r in case.get("runs", [])} | set(case.get("probe") or {}) | set(
         case.get("profile") or {})
-    return ["stock", "patched"] + [v for v in ge.VARIANT_NAMES[2:] if v in seen]
+    return ["stock", "patched"] + [v for v in child_env.VARIANT_NAMES[2:] if v in seen]
 
 
 def variant_spec_path(case: dict[str, Any], variant: str) -> str | None:
@@ -546,7 +488,7 @@ def case_config(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
         eff = dict(res.get("effective") or {})
         if not eff.get("attention_backend") and r.get("log_backend"):
             eff["attention_backend"] = r["log_backend"]
-        out[v] = {"config": ge.config_label(eff, requested_backend=requested), "attention_backend":
+        out[v] = {"config": engine_config.config_label(eff, requested_backend=requested), "attention_backend":
                   eff.get("attention_backend"), "pcg": None if eff.get("disable_piecewise_cuda_graph") is None
                   else not eff["disable_piecewise_cuda_graph"], "page_size": eff.get("page_size"),
                   "sglang_version": res.get("sglang_version"), "gpu": res.get("gpu"),
@@ -812,19 +754,10 @@ def load_trace(path: Path) -> dict[str, Any]:
 
 
 def scan_plugin_log(text: str) -> dict[str, Any]:
-    from gpu_smoke import scan_log
-
-    f = scan_log(text)
+    f = logs.scan_log(text)
     return {"applied_pids": f.applied_pids, "applied_lines": f.applied_lines, "disabled_lines": f.disabled_lines,
             "bad_lines": f.bad_lines[:10], "tree_v2_lines": f.tree_v2_lines,
             "stock_tree_spec_v1_lines": f.stock_tree_spec_v1_lines}
-
-
-def tree_v2_mark() -> str:
-    """The plugin's line for a tree on spec v2 (``gpu_smoke.TREE_V2_MARK``)."""
-    from gpu_smoke import TREE_V2_MARK
-
-    return TREE_V2_MARK
 
 
 def _log_message(line: str, width: int = 200) -> str:
@@ -841,7 +774,7 @@ def spec_path_from_log(text: str) -> tuple[str | None, str]:
     and SGLang's line says so), then sends the tree to spec v2 and says that. Otherwise the
     last of SGLang's "Spec v1 is used" / "Spec v2 is enabled" lines (the plugin's auto-tree
     WARNING is one of the first kind)."""
-    mark = tree_v2_mark()
+    mark = logs.TREE_V2_MARK
     path, why = None, "no spec v1 / spec v2 line in the log"
     for line in text.splitlines():
         if mark in line:
@@ -894,7 +827,7 @@ def run_validity(variant: str, log: dict[str, Any], scheduler_pids: Sequence[int
         detail = f"{log['disabled_lines']} disabled / {log['applied_lines']} applied lines"
         if tree and tree_lines:
             ok = False
-            detail += f"; {tree_lines} '{tree_v2_mark()}' lines with the plugin off"
+            detail += f"; {tree_lines} '{logs.TREE_V2_MARK}' lines with the plugin off"
         return ok, detail
     need = set(scheduler_pids) | ({main_pid} if main_pid else set())
     missing = sorted(need - set(log["applied_pids"]))
@@ -906,8 +839,8 @@ def run_validity(variant: str, log: dict[str, Any], scheduler_pids: Sequence[int
         detail += f"; bad lines: {log['bad_lines'][:2]}"
     if tree:
         ok = ok and tree_lines >= 1
-        detail += (f"; {tree_lines} '{tree_v2_mark()}' lines" if tree_lines
-                   else f"; no '{tree_v2_mark()}' line: the tree did not run on spec v2")
+        detail += (f"; {tree_lines} '{logs.TREE_V2_MARK}' lines" if tree_lines
+                   else f"; no '{logs.TREE_V2_MARK}' line: the tree did not run on spec v2")
     return ok, detail
 
 
@@ -1034,7 +967,7 @@ def recorded_command(argv: Sequence[str]) -> str:
     """The command line as the record keeps it: no interpreter or machine folder in it (the
     result file keeps its name under ``OUT``; the log and upstream folders become their role)."""
     args = [f"OUT/{Path(a).name}" if i and argv[i - 1] == "--out" else a for i, a in enumerate(argv)]
-    return ge.portable_command("scripts/bench_spec_v2.py", args,
+    return records.portable_command("scripts/bench_spec_v2.py", args,
                                {"--log-dir": "LOGS", "--upstream-site": "UPSTREAM_SITE"})
 
 
@@ -1108,340 +1041,6 @@ def load_docs(paths: Sequence[Path]) -> list[dict[str, Any]]:
     return docs
 
 
-# ============================================================================ sync probe
-# Runs inside SGLang's processes; installed by a generated sitecustomize (see
-# write_sync_probe_site) when BENCH_SYNC_PROBE_DIR is set. Only the scheduler process
-# (which calls sglang.srt.managers.scheduler.load_plugins) wraps anything.
-
-
-class _SyncStats:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.phase = "init"
-        self.mode = "INIT"
-        self.iterations: dict[str, dict[str, int]] = {}
-        self.blocked: dict[str, dict[str, dict[str, list[float]]]] = {}
-        self.version = 0
-
-    def begin_iteration(self, mode: str) -> None:
-        with self.lock:
-            self.mode = mode
-            d = self.iterations.setdefault(self.phase, {})
-            d[mode] = d.get(mode, 0) + 1
-            self.version += 1
-
-    def record(self, site: str, seconds: float) -> None:
-        with self.lock:
-            d = self.blocked.setdefault(self.phase, {}).setdefault(self.mode, {})
-            e = d.get(site)
-            if e is None:
-                d[site] = [1, seconds]
-            else:
-                e[0] += 1
-                e[1] += seconds
-            self.version += 1
-
-    def set_phase(self, phase: str) -> None:
-        with self.lock:
-            if phase != self.phase:
-                self.phase = phase
-                self.mode = "IDLE"
-                self.version += 1
-
-    def snapshot(self) -> dict[str, Any]:
-        with self.lock:
-            return {
-                "iterations": {p: dict(m) for p, m in self.iterations.items()},
-                "blocked": {p: {m: {s: list(v) for s, v in d.items()} for m, d in pm.items()}
-                            for p, pm in self.blocked.items()},
-            }
-
-
-_SYNC: dict[str, Any] = {"stats": None, "installed": False, "torch_wrapped": False}
-
-
-def _call_site(depth: int = 2) -> str:
-    f = sys._getframe(depth)  # noqa: SLF001
-    while f is not None and ("/torch/" in f.f_code.co_filename or f.f_code.co_filename == __file__):
-        f = f.f_back
-    if f is None:
-        return "?"
-    t = threading.current_thread().name
-    where = f"{host_profile_module().short_path(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
-    return where if t == "MainThread" else f"{where} [thread {t}]"
-
-
-def _install_torch_wrappers(stats: _SyncStats) -> list[str]:
-    import torch
-
-    tls = threading.local()
-    perf = time.perf_counter
-    wrapped = []
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
-
-    def timed(kind: str, orig, should):
-        def wrapper(*a, **k):
-            if compiling() or getattr(tls, "busy", False):
-                return orig(*a, **k)
-            try:
-                go = should(a, k)
-            except Exception:
-                go = False
-            if not go:
-                return orig(*a, **k)
-            tls.busy = True
-            t0 = perf()
-            try:
-                return orig(*a, **k)
-            finally:
-                dt = perf() - t0
-                tls.busy = False
-                stats.record(f"{kind} @ {_call_site()}", dt)
-
-        wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
-        wrapper.__name__ = getattr(orig, "__name__", kind)
-        return wrapper
-
-    always = lambda a, k: True  # noqa: E731
-    on_cuda = lambda a, k: bool(a) and getattr(a[0], "is_cuda", False)  # noqa: E731
-
-    def to_host(a, k):  # cpu_tensor.copy_(cuda_tensor)
-        return len(a) >= 2 and not a[0].is_cuda and getattr(a[1], "is_cuda", False)
-
-    for owner, name, kind, cond in (
-        (torch.cuda.Event, "synchronize", "Event.synchronize", always),
-        (torch.cuda.Stream, "synchronize", "Stream.synchronize", always),
-        (torch.Tensor, "item", "Tensor.item", on_cuda),
-        (torch.Tensor, "tolist", "Tensor.tolist", on_cuda),
-        (torch.Tensor, "cpu", "Tensor.cpu", on_cuda),
-        (torch.Tensor, "__bool__", "Tensor.__bool__", on_cuda),
-        (torch.Tensor, "__int__", "Tensor.__int__", on_cuda),
-        (torch.Tensor, "__float__", "Tensor.__float__", on_cuda),
-        (torch.Tensor, "copy_", "Tensor.copy_(D2H)", to_host),
-    ):
-        try:
-            setattr(owner, name, timed(kind, getattr(owner, name), cond))
-            wrapped.append(f"{owner.__name__}.{name}")
-        except (AttributeError, TypeError):
-            pass
-
-    # Tensor.to: only a CUDA tensor that comes back on the host counts.
-    orig_to = torch.Tensor.to
-
-    def to(self, *a, **k):
-        if compiling() or getattr(tls, "busy", False) or not getattr(self, "is_cuda", False):
-            return orig_to(self, *a, **k)
-        tls.busy = True
-        t0 = perf()
-        try:
-            out = orig_to(self, *a, **k)
-        finally:
-            tls.busy = False
-        dt = perf() - t0
-        if isinstance(out, torch.Tensor) and not out.is_cuda:
-            stats.record(f"Tensor.to(cpu) @ {_call_site()}", dt)
-        return out
-
-    torch.Tensor.to = to
-    wrapped.append("Tensor.to")
-
-    orig_sync = torch.cuda.synchronize
-
-    def cuda_synchronize(*a, **k):
-        if compiling():
-            return orig_sync(*a, **k)
-        t0 = perf()
-        try:
-            return orig_sync(*a, **k)
-        finally:
-            stats.record(f"torch.cuda.synchronize @ {_call_site()}", perf() - t0)
-
-    torch.cuda.synchronize = cuda_synchronize
-    wrapped.append("torch.cuda.synchronize")
-    return wrapped
-
-
-def _mode_of(batch: Any) -> str:
-    fm = getattr(batch, "forward_mode", None)
-    name = getattr(fm, "name", None)
-    return str(name) if name else "OTHER"
-
-
-def _on_scheduler_module(module: Any, out_dir: str) -> None:
-    orig_load = module.load_plugins
-
-    def load_plugins(*a, **k):
-        r = orig_load(*a, **k)
-        if _SYNC["installed"]:
-            return r
-        _SYNC["installed"] = True
-        stats: _SyncStats = _SYNC["stats"]
-        sched = module.Scheduler
-        orig_run_batch = sched.run_batch  # the plugin's wrapper when it is on: wrap after it
-        wrapped: list[str] = ["Scheduler.run_batch"]
-
-        def run_batch(self, batch, *ra, **rk):
-            if not _SYNC["torch_wrapped"]:
-                # Installed at the first batch, i.e. after model load, CUDA graph capture and
-                # torch.compile (piecewise CUDA graph): nothing of that runs through the wrappers.
-                _SYNC["torch_wrapped"] = True
-                wrapped.extend(_install_torch_wrappers(stats))
-            stats.begin_iteration(_mode_of(batch))
-            return orig_run_batch(self, batch, *ra, **rk)
-
-        run_batch.__wrapped__ = orig_run_batch  # type: ignore[attr-defined]
-        sched.run_batch = run_batch
-        _start_sync_flusher(stats, out_dir, wrapped)
-        return r
-
-    module.load_plugins = load_plugins
-
-
-def _start_sync_flusher(stats: _SyncStats, out_dir: str, wrapped: list[str]) -> None:
-    import atexit
-
-    phase_path = os.path.join(out_dir, SYNC_PHASE_FILE)
-    state = {"written": -1, "phase_mtime": None}
-
-    def poll_phase() -> None:
-        try:
-            st = os.stat(phase_path)
-        except OSError:
-            return
-        if st.st_mtime_ns != state["phase_mtime"]:
-            state["phase_mtime"] = st.st_mtime_ns
-            try:
-                with open(phase_path) as f:
-                    stats.set_phase(f.read().strip() or "none")
-            except OSError:
-                pass
-
-    def flush(force: bool = False) -> None:
-        if not force and stats.version == state["written"]:
-            return
-        version = stats.version
-        snap = stats.snapshot()
-        title = host_profile_module().proctitle()
-        doc = {"pid": os.getpid(), "proctitle": title, "wrapped": wrapped, "time": time.time(), **snap}
-        path = os.path.join(out_dir, f"sync-{os.getpid()}.json")
-        try:
-            with open(path + ".tmp", "w") as f:
-                json.dump(doc, f)
-            os.replace(path + ".tmp", path)
-            state["written"] = version
-        except OSError:
-            pass
-
-    def loop() -> None:
-        n = 0
-        while True:
-            time.sleep(0.05)
-            poll_phase()
-            n += 1
-            if n % 10 == 0:
-                flush()
-
-    atexit.register(flush, True)
-    threading.Thread(target=loop, name="bench-sync-probe", daemon=True).start()
-    flush(True)
-
-
-class _PostImportHook:
-    """A meta-path finder that runs ``callback(module)`` right after ``name`` executes."""
-
-    def __init__(self, name: str, callback) -> None:
-        self.name = name
-        self.callback = callback
-        self.done = False
-
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ARG002
-        if fullname != self.name or self.done:
-            return None
-        self.done = True
-        import importlib.machinery
-
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        orig_exec = spec.loader.exec_module
-        callback = self.callback
-
-        def exec_module(module):
-            orig_exec(module)
-            try:
-                callback(module)
-            except Exception as exc:  # never break SGLang over a probe
-                print(f"bench-sync-probe: hook failed: {exc!r}", file=sys.stderr)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-def sync_probe_bootstrap(out_dir: str) -> None:
-    """Called by the generated sitecustomize in every process of a probed Engine run."""
-    if _SYNC["stats"] is not None:
-        return
-    _SYNC["stats"] = _SyncStats()
-    os.makedirs(out_dir, exist_ok=True)
-    sys.meta_path.insert(0, _PostImportHook("sglang.srt.managers.scheduler",
-                                            lambda m: _on_scheduler_module(m, out_dir)))
-
-
-SYNC_SITE_TEMPLATE = '''"""Generated by bench_spec_v2.py: the sync probe, then the next sitecustomize."""
-import os
-import sys
-
-_dir = os.environ.get({env!r})
-if _dir:
-    sys.path.append({scripts!r})
-    try:
-        import bench_spec_v2 as _bench_spec_v2
-        _bench_spec_v2.sync_probe_bootstrap(_dir)
-    except Exception as _exc:
-        print("bench-sync-probe: not installed: %r" % (_exc,), file=sys.stderr)
-    finally:
-        try:
-            sys.path.remove({scripts!r})
-        except ValueError:
-            pass
-
-
-def _chain():
-    import importlib.machinery
-    import importlib.util
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if spec is None or spec.loader is None or spec.origin == os.path.abspath(__file__):
-        return
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-
-try:
-    _chain()
-except Exception as _exc:
-    print("bench-sync-probe: chained sitecustomize failed: %r" % (_exc,), file=sys.stderr)
-'''
-
-
-def write_sync_probe_site(directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sitecustomize.py").write_text(SYNC_SITE_TEMPLATE.format(env=SYNC_PROBE_ENV, scripts=str(HERE)))
-    return directory
-
-
-def read_sync_records(directory: Path) -> list[dict[str, Any]]:
-    out = []
-    for p in sorted(directory.glob("sync-*.json")):
-        try:
-            out.append(json.loads(p.read_text()))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
 # ============================================================================ CPU pinning
 
 
@@ -1480,7 +1079,7 @@ def plan_pinning(allowed: Sequence[int], sys_root: str = "/sys/devices/system/cp
     return (core, rest) if len(rest) >= 3 else None
 
 
-def pin_engine_cpus(scheduler_title: str = SCHEDULER_TITLE) -> dict[str, Any]:
+def pin_engine_cpus(scheduler_title: str = logs.SCHEDULER_TITLE) -> dict[str, Any]:
     """Give the scheduler's main thread a physical core of its own; every other thread of the
     Engine (this process, the detokenizer, the scheduler's helper threads) the other cores.
     The tiny model's decode loop is bound by that one thread, and where the OS happens to put
@@ -1512,10 +1111,8 @@ def pin_engine_cpus(scheduler_title: str = SCHEDULER_TITLE) -> dict[str, Any]:
 def _set_phase(probe_dir: str | None, phase: str, settle_s: float = 0.25) -> None:
     if not probe_dir:
         return
-    p = Path(probe_dir) / SYNC_PHASE_FILE
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(phase)
-    os.replace(tmp, p)
+    phase_file = child_env.probe_module("bench_sync_probe").PHASE_FILE
+    child_env.probe_module("host_profile").set_phase(probe_dir, phase, phase_file)
     time.sleep(settle_s)  # the probe polls every 50 ms; the scheduler is idle meanwhile
 
 
@@ -1524,15 +1121,15 @@ def worker_main(spec_path: Path) -> int:
     import sglang
     import torch
 
-    print(f"worker pid {os.getpid()} {ENV_MODE}={os.environ.get(ENV_MODE)} pass {spec['pass']} "
+    print(f"worker pid {os.getpid()} {child_env.ENV_MODE}={os.environ.get(child_env.ENV_MODE)} pass {spec['pass']} "
           f"sglang {getattr(sglang, '__version__', '?')}", flush=True)
     print("engine kwargs: " + json.dumps(spec["engine_kwargs"]), flush=True)
     vocab = spec["vocab"]
     plen = spec["prompt_len"]
     n_new = spec["max_new_tokens"]
-    probe_dir = os.environ.get(SYNC_PROBE_ENV) if spec["pass"] == "probe" else None
+    probe_dir = os.environ.get(BENCH_SYNC_DIR_ENV) if spec["pass"] == "probe" else None
     host_dir = os.environ.get("SMOKE_PROBE_DIR") if spec["pass"] == "host" else None
-    hp = host_profile_module() if host_dir else None
+    hp = child_env.probe_module("host_profile") if host_dir else None
 
     def host_phase(phase: str) -> None:
         """Host pass: the scheduler's profiler follows this (it polls every 10 ms)."""
@@ -1542,7 +1139,7 @@ def worker_main(spec_path: Path) -> int:
     snap_dir = spec.get("sync_snapshot_dir") if spec["pass"] == "probe" else None
     result: dict[str, Any] = {
         "pid": os.getpid(),
-        "mode": os.environ.get(ENV_MODE),
+        "mode": os.environ.get(child_env.ENV_MODE),
         "sglang_version": getattr(sglang, "__version__", None),
         "torch_version": torch.__version__,
         "cuda": torch.version.cuda,
@@ -1560,11 +1157,7 @@ def worker_main(spec_path: Path) -> int:
             return
         time.sleep(float(spec.get("snapshot_wait_s", 0.4)))  # > 2 flush intervals of the probe
         recs = {}
-        for path in sorted(Path(snap_dir).glob("sync-*.json")):
-            try:
-                d = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
+        for d in logs.read_sync_records(Path(snap_dir)):
             if d.get("kind") == "sync-probe" and d.get("installed"):
                 recs[str(d.get("pid"))] = {k: d.get(k) for k in ("pid", "proctitle", "iterations", "syncs", "errors")}
         result["sync_snapshots"].append({"phase": phase, "records": recs})
@@ -1588,7 +1181,7 @@ def worker_main(spec_path: Path) -> int:
         result["pinning"] = pin_engine_cpus()
         print(f"pinning: {result['pinning']}", flush=True)
     try:
-        result["effective"] = ge.effective_config(engine)
+        result["effective"] = engine_config.effective_config(engine)
         if "error" in result["effective"]:  # informative only
             result["warnings"].append(f"get_server_info: {result['effective']['error']}")
         bss = spec["batch_sizes"]
@@ -1675,30 +1268,29 @@ def _profile(engine: Any, spec: dict[str, Any], gen) -> list[dict[str, Any]]:
 # ============================================================================ parent
 
 
-SMOKE_SYNC_PROBE = HERE / "gpu_probe" / "smoke_sync_probe.py"
+#: Where ``gpu_probe/bench_sync_probe.py`` writes (and reads the worker's phase), in a probed Engine.
+BENCH_SYNC_DIR_ENV = "BENCH_SYNC_PROBE_DIR"
 
 
 def resolve_sync_impl(choice: str) -> str:
-    """``smoke``: scripts/gpu_probe/smoke_sync_probe.py (gpu_smoke.py --sync-probe), when
-    present; ``own``: the minimal probe in this file."""
-    if choice == "auto":
-        return "smoke" if SMOKE_SYNC_PROBE.exists() else "own"
-    return choice
+    """``smoke`` (and ``auto``): scripts/gpu_probe/smoke_sync_probe.py (gpu_smoke.py
+    --sync-probe); ``own``: the minimal probe, scripts/gpu_probe/bench_sync_probe.py."""
+    return "smoke" if choice == "auto" else choice
 
 
-def subprocess_env(mode: str, probe_dir: Path, log_config: Path, sync_site: Path | None,
-                   sync_dir: Path | None, *, smoke_sync: bool = False, site: str | None = None,
-                   ports: ge.PortBlock | None = None) -> dict[str, str]:
+def worker_env(mode: str, probe_dir: Path, log_config: Path, sync_dir: Path | None, *, smoke_sync: bool = False,
+               site: str | None = None, ports: port_blocks.PortBlock | None = None) -> dict[str, str]:
     """An Engine worker's environment: gpu_probe's sitecustomize (plugin log lines, call counts
-    and, with ``smoke_sync``, host syncs) or this file's own sync probe; ``site``: the SGLang
-    of another bundle (upstream) in place of the current one."""
-    env = ge.subprocess_env(mode, probe_dir, log_config, sync_probe=smoke_sync, site=site, ports=ports)
+    and, with ``smoke_sync``, host syncs; with ``sync_dir``, the benchmark's own sync probe
+    writing there); ``site``: the SGLang of another bundle (upstream) in place of the current one."""
+    env = child_env.subprocess_env(mode, probe_dir, log_config, sync_probe=smoke_sync, site=site, ports=ports)
     if smoke_sync:
         env["SMOKE_PROBE_FLUSH_S"] = "0.1"
-    env.pop(SYNC_PROBE_ENV, None)
-    if sync_site is not None and sync_dir is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(sync_site), env["PYTHONPATH"]])
-        env[SYNC_PROBE_ENV] = str(sync_dir)
+    env.pop("BENCH_SYNC_PROBE", None)
+    env.pop(BENCH_SYNC_DIR_ENV, None)
+    if sync_dir is not None:
+        env["BENCH_SYNC_PROBE"] = "1"
+        env[BENCH_SYNC_DIR_ENV] = str(sync_dir)
     return env
 
 
@@ -1722,9 +1314,9 @@ def tree_env(case: dict[str, Any]) -> dict[str, str]:
     return {"SGLANG_FUTUREMAP_TREE_SPEC_V2": "1"} if topk > 1 and case["backend"] == "flashinfer" else {}
 
 
-def run_engine(*, case: dict[str, Any], variant: ge.Variant, pass_: str, rep: int, spec: dict[str, Any],
-               work: Path, log_dir: Path, timeout: float, log_config: Path, sync_site: Path | None,
-               sync_impl: str = "own", ports: ge.PortAllocator | None = None) -> dict[str, Any]:
+def run_engine(*, case: dict[str, Any], variant: child_env.Variant, pass_: str, rep: int, spec: dict[str, Any],
+               work: Path, log_dir: Path, timeout: float, log_config: Path,
+               sync_impl: str = "own", ports: port_blocks.PortAllocator | None = None) -> dict[str, Any]:
     plen = case.get("prompt_len") or DEFAULT_PROMPT_LEN
     shape = case_spec(case)
     tag = (f"{case['model']}-{case['backend']}" + (f"-p{plen}" if plen != DEFAULT_PROMPT_LEN else "")
@@ -1734,37 +1326,36 @@ def run_engine(*, case: dict[str, Any], variant: ge.Variant, pass_: str, rep: in
     probe_dir = rdir / "probe"
     smoke_sync = pass_ == "probe" and sync_impl == "smoke"
     sync_dir = rdir / "sync" if pass_ == "probe" and not smoke_sync else None
-    block = (ports or ge.PortAllocator()).allocate(tag)
-    spec = dict(spec, profile_dir=str(rdir / "prof"), engine_kwargs=ge.with_ports(spec["engine_kwargs"], block))
+    block = (ports or port_blocks.PortAllocator()).allocate(tag)
+    spec = dict(spec, profile_dir=str(rdir / "prof"),
+                engine_kwargs=port_blocks.with_ports(spec["engine_kwargs"], block))
     if pass_ != "timed" or rep != spec.get("profile_rep"):
         spec["profile_batch_sizes"] = []
     spec["pass"] = pass_
     if smoke_sync:
         spec["sync_snapshot_dir"] = str(probe_dir)
     log_path = log_dir / f"{tag}.log"
-    env = subprocess_env(variant.mode, probe_dir, log_config, sync_site if sync_dir is not None else None, sync_dir,
+    env = worker_env(variant.mode, probe_dir, log_config, sync_dir,
                          smoke_sync=smoke_sync, site=variant.site, ports=block)
     if spec["profile_batch_sizes"]:
         env["SGLANG_TORCH_PROFILER_DIR"] = spec["profile_dir"]
     if pass_ == "host":
         env["SMOKE_HOST_PROFILE"] = "1"
     env.update(tree_env(case))
-    print(f"== {tag}: {ENV_MODE}={variant.mode}" + (f", SGLang of {variant.site}" if variant.site else "")
+    print(f"== {tag}: {child_env.ENV_MODE}={variant.mode}" + (f", SGLang of {variant.site}" if variant.site else "")
           + f" (timeout {timeout:.0f} s, ports {block.base}+) log {log_path}", flush=True)
-    rc, wall, result, text = ge.run_worker(Path(__file__).resolve(), spec, work, tag, log_path, env, timeout,
+    rc, wall, result, text = launch.run_worker(Path(__file__).resolve(), spec, work, tag, log_path, env, timeout,
                                            spec_path=rdir / "spec.json", result_path=rdir / "result.json")
     time.sleep(spec.get("gpu_release_s", 1.0))  # let the driver release the GPU memory of the killed children
-    from gpu_smoke import read_probe_dir, summarize_probe
-
-    probe = summarize_probe(read_probe_dir(probe_dir))
+    probe = logs.summarize_probe(logs.read_probe_dir(probe_dir))
     log_info = scan_plugin_log(text)
     res = result or {}
     valid, detail = run_validity(variant.name, log_info, probe.scheduler_pids, res.get("pid"),
                                  version=res.get("sglang_version"),
-                                 expected_version=ge.site_sglang_version(variant.site) if variant.site else None,
+                                 expected_version=child_env.site_sglang_version(variant.site) if variant.site else None,
                                  tree=is_tree(shape))
     spec_path, spec_path_from = classify_spec_path(text, res.get("effective"))
-    error = ge.engine_error(rc, result, text)
+    error = launch.engine_error(rc, result, text)
     if error is None and res.get("errors") and not res.get("batches"):
         error = "; ".join(res["errors"])[:500]
     valid = valid and error is None and bool(res.get("batches")) and not res.get("errors")
@@ -1779,9 +1370,9 @@ def run_engine(*, case: dict[str, Any], variant: ge.Variant, pass_: str, rep: in
         "valid": valid,
         "validity": detail,
         "error": error,
-        "log_tail": ge.log_tail(text) if error else None,
+        "log_tail": logs.log_tail(text) if error else None,
         "log": log_path.name,
-        "log_backend": ge.backend_from_log(text),
+        "log_backend": logs.backend_from_log(text),
         "spec": list(shape),
         "spec_path": spec_path,
         "spec_path_from": spec_path_from,
@@ -1795,11 +1386,11 @@ def run_engine(*, case: dict[str, Any], variant: ge.Variant, pass_: str, rep: in
         run["sync"] = summarize_sync_snapshots(res.get("sync_snapshots") or [])
     elif sync_dir is not None:
         run["sync"] = summarize_sync_records(
-            r for r in read_sync_records(sync_dir)
-            if not r.get("proctitle") or str(r.get("proctitle")).startswith(SCHEDULER_TITLE)
+            r for r in logs.read_sync_records(sync_dir)
+            if not r.get("proctitle") or str(r.get("proctitle")).startswith(logs.SCHEDULER_TITLE)
         )
     if pass_ == "host":
-        run["host"] = summarize_host_docs(host_profile_module().read_profiles(str(probe_dir)))
+        run["host"] = summarize_host_docs(child_env.probe_module("host_profile").read_profiles(str(probe_dir)))
     print(f"   {tag}: rc {rc}, {wall:.1f} s, {spec_path or 'spec path ?'}, valid {valid} ({detail})"
           + (f"; HARNESS ERROR: {error}" if error else ""), flush=True)
     return run
@@ -1830,7 +1421,7 @@ def variant_cell(row: dict[str, Any], variant: str, path: str | None) -> str:
 
 
 def format_summary(doc: dict[str, Any]) -> str:
-    lines = [ge.fa3_line(bool(doc.get("fa3")))] if "fa3" in doc else []
+    lines = [child_env.fa3_line(bool(doc.get("fa3")))] if "fa3" in doc else []
     lines.append(DUMMY_NOTE)
     for case in doc["cases"]:
         s = case.get("summary") or summarize_case(case)
@@ -1913,8 +1504,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one extra untimed Engine per variant with the sync probe (default on)")
     p.add_argument("--probe-trials", type=int, default=1, help="trials per batch size in the probed pass (default 1)")
     p.add_argument("--sync-probe-impl", choices=["auto", "smoke", "own"], default="auto",
-                   help="auto (default): scripts/gpu_probe/smoke_sync_probe.py when present, else the minimal "
-                        "probe in this file")
+                   help="auto (default) and smoke: scripts/gpu_probe/smoke_sync_probe.py; own: the minimal "
+                        "probe, scripts/gpu_probe/bench_sync_probe.py")
     p.add_argument("--profile", action="store_true",
                    help="GPU idle fraction from a torch-profiler trace, in the last timed run of each variant")
     p.add_argument("--pin-cpus", action="store_true",
@@ -1936,8 +1527,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "SGLang of a second bundle (e.g. 0.5.13), whose site folder replaces the current SGLang's "
                         "on PYTHONPATH; skipped with a line when that folder holds no SGLang")
     p.add_argument("--upstream-site", default=None,
-                   help=f"site folder of the upstream variant (default ${ge.UPSTREAM_SITE_ENV}, else "
-                        f"{ge.DEFAULT_UPSTREAM_SITE}: where .gpu-0513/activate.sh unpacks)")
+                   help=f"site folder of the upstream variant (default ${child_env.UPSTREAM_SITE_ENV}, else "
+                        f"{child_env.DEFAULT_UPSTREAM_SITE}: where .gpu-0513/activate.sh unpacks)")
     p.add_argument("--out", type=Path, required=False, default=Path("bench.json"), help="result JSON (default bench.json)")
     p.add_argument("--log-dir", type=Path, default=None, help="Engine logs (default: <out dir>/bench-logs)")
     p.add_argument("--run-timeout", type=float, default=420.0, help="seconds per Engine run before it is killed")
@@ -1953,9 +1544,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def plan_runs(reps: int, probe: bool, profile: bool, host: bool = False,
-              variants: Sequence[ge.Variant] = (ge.STOCK, ge.PATCHED)) -> list[tuple[str, int, list[ge.Variant]]]:
+              variants: Sequence[child_env.Variant] = (child_env.STOCK, child_env.PATCHED)
+              ) -> list[tuple[str, int, list[child_env.Variant]]]:
     """[(pass, rep, [variant, ...])]: Engines that belong together, run one after the other."""
-    out: list[tuple[str, int, list[ge.Variant]]] = [("timed", r, list(variants)) for r in range(reps)]
+    out: list[tuple[str, int, list[child_env.Variant]]] = [("timed", r, list(variants)) for r in range(reps)]
     if profile and reps == 0:
         out.append(("timed", 0, list(variants)))  # a profile-only pass; timed values come along
     if host:
@@ -1965,8 +1557,8 @@ def plan_runs(reps: int, probe: bool, profile: bool, host: bool = False,
     return out
 
 
-def needs_fa3(backend: str) -> bool:
-    return ge.needs_fa3(BACKENDS[backend][0])
+def backend_needs_fa3(backend: str) -> bool:
+    return child_env.needs_fa3(BACKENDS[backend][0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1977,7 +1569,8 @@ def main(argv: list[str] | None = None) -> int:
     backends = parse_name_list(args.backends, BACKENDS)
     bss = parse_int_list(args.batch_sizes)
     prof_bss = parse_int_list(args.profile_batch_sizes) if args.profile else []
-    variants = ge.make_variants(parse_name_list(args.variants, ge.VARIANT_NAMES), upstream=args.upstream_site)
+    variants = child_env.make_variants(parse_name_list(args.variants, child_env.VARIANT_NAMES),
+                                       upstream=args.upstream_site)
     specs = list(dict.fromkeys(x for group in (args.spec or [[DEFAULT_SPEC]]) for x in group))
     if args.max_new_tokens < 2:
         raise SystemExit("--max-new-tokens must be >= 2")
@@ -2009,7 +1602,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"context {max_positions}: " + json.dumps(kw))
                     for pass_, rep, group in plan:
                         print(f"   {pass_} rep {rep}: " + ", ".join(
-                            f"{v.name} ({ENV_MODE}={v.mode}" + (f", SGLang of {v.site}" if v.site else "") + ")"
+                            f"{v.name} ({child_env.ENV_MODE}={v.mode}"
+                            + (f", SGLang of {v.site}" if v.site else "") + ")"
                             for v in group))
         return 0
 
@@ -2029,37 +1623,36 @@ def main(argv: list[str] | None = None) -> int:
             case.setdefault("skipped", []).append(msg)
 
     try:
-        log_config = ge.write_logging_config(work / "logging.json")
+        log_config = logs.write_logging_config(work / "logging.json")
         sync_impl = resolve_sync_impl(args.sync_probe_impl)
         doc["config"]["sync_probe_impl"] = sync_impl
-        sync_site = write_sync_probe_site(work / "sync-site") if args.probe and sync_impl == "own" else None
-        ports = ge.PortAllocator()
+        ports = port_blocks.PortAllocator()
         for v in list(variants):
-            why = ge.upstream_missing(v)
+            why = child_env.upstream_missing(v)
             if why:
                 skip(f"{v.name} variant skipped: {why}")
                 variants.remove(v)
-        fa3 = {v.name: ge.fa3_available(subprocess_env(v.mode, work / "fa3-check", log_config, None, None,
-                                                        site=v.site)) for v in variants}
-        doc["fa3"] = fa3.get("stock", fa3.get("patched", ge.fa3_available()))
+        fa3 = {v.name: child_env.fa3_available(worker_env(v.mode, work / "fa3-check", log_config, None, site=v.site))
+               for v in variants}
+        doc["fa3"] = fa3.get("stock", fa3.get("patched", child_env.fa3_available()))
         doc["env"]["fa3_by_variant"] = fa3
-        doc["env"]["upstream_version"] = next((ge.site_sglang_version(v.site) for v in variants if v.site), None)
-        print(ge.fa3_line(doc["fa3"]) + "".join(f"; {k}: {'FA3' if x else 'no FA3'}" for k, x in fa3.items()),
+        doc["env"]["upstream_version"] = next((child_env.site_sglang_version(v.site) for v in variants if v.site), None)
+        print(child_env.fa3_line(doc["fa3"]) + "".join(f"; {k}: {'FA3' if x else 'no FA3'}" for k, x in fa3.items()),
               flush=True)
         walls: dict[tuple[str, bool], float] = {}
         for model in models:
-            target, draft = write_model_dirs(model, work / "models", max_positions)
-            vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
+            target, draft = model_factory.write_model_dirs(model, work / "models", max_positions)
+            vocab = model_factory.model_config(target)["vocab_size"]
             for backend, shape in ((b, x) for b in backends for x in specs):
                 case = get_case(doc, model, backend, args.prompt_len, shape)
                 kw = engine_kwargs(model, backend, target, draft, bss, mem_fraction=args.mem_fraction,
                                    pcg_max_tokens=args.pcg_max_tokens, spec=shape)
                 case["engine_kwargs"] = kw
                 case["max_positions"] = max_positions
-                runnable = [v for v in variants if not needs_fa3(backend) or fa3[v.name]]
+                runnable = [v for v in variants if not backend_needs_fa3(backend) or fa3[v.name]]
                 if len(runnable) < len(variants):
                     lacking = ", ".join(v.name for v in variants if v not in runnable)
-                    skip(f"skipped ({ge.NO_FA3}): {case_name(case)} for {lacking}: backend {backend} needs FA3 "
+                    skip(f"skipped ({child_env.NO_FA3}): {case_name(case)} for {lacking}: backend {backend} needs FA3 "
                          f"(sgl_kernel.flash_ops does not import in that environment)", case)
                 if not runnable:
                     continue
@@ -2090,7 +1683,7 @@ def main(argv: list[str] | None = None) -> int:
                         timeout = min(args.run_timeout, max(deadline.left() - 5.0, 30.0))
                         run = run_engine(case=case, variant=variant, pass_=pass_, rep=rep, spec=spec, work=work,
                                          log_dir=log_dir, timeout=timeout, log_config=log_config,
-                                         sync_site=sync_site, sync_impl=sync_impl, ports=ports)
+                                         sync_impl=sync_impl, ports=ports)
                         est = max(est * 0.5, run["wall_s"]) if run["returncode"] == 0 else max(est, run["wall_s"])
                         walls[key] = max(est - extra, 1.0)
                         res = run.get("result") or {}
@@ -2121,14 +1714,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _exit_worker(code: int) -> None:
-    from gpu_smoke import _exit_worker as ew
-
-    ew(code)
-
-
 if __name__ == "__main__":
     _rc = main()
     if "--worker" in sys.argv:
-        _exit_worker(_rc)
+        launch.exit_worker(_rc)
     sys.exit(_rc)

@@ -78,7 +78,7 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
 
 With several GPUs (``--gpus``, default: every visible one) single-GPU Engines are spread over
 them round-robin; a TP=2 Engine takes the first two. Every Engine gets ports no other Engine of
-the run uses (``gpu_engine.PortAllocator``).
+the run uses (``gpu_harness.port_blocks.PortAllocator``).
 
 Groups (``--group``, with ``--cases`` their union): ``base`` (everything before the FA3 set),
 ``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``, ``tree``, ``tree-v2``.
@@ -126,15 +126,14 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import gpu_engine as ge  # noqa: E402  (ports, environment, launch, models, FA3)
-import gpu_smoke as smoke  # noqa: E402  (log scan and probe summaries)
+from gpu_harness import child_env, engine_config, launch, logs, model_factory, port_blocks, records  # noqa: E402
+from gpu_harness.records import Check  # noqa: E402
 
 RUNS = (("stock", "off"), ("patched", "strict"))
 #: The third run of a ``Case.upstream`` case: stock SGLang 0.5.13 (plugin not installed there).
@@ -199,7 +198,7 @@ class Case:
 
     @property
     def needs_fa3(self) -> bool:
-        return ge.needs_fa3(self.backend) or dict(self.stock_extra).get("attention_backend") == "fa3"
+        return child_env.needs_fa3(self.backend) or dict(self.stock_extra).get("attention_backend") == "fa3"
 
     @property
     def spec_v1(self) -> bool:
@@ -430,7 +429,6 @@ def tree_v2_det_cases() -> list[Case]:
     """The same trees with batch-invariant kernels on both sides: spec v1 and spec v2 run
     different draft extends, so their drafts, and with them the verify batches' shapes,
     differ; with SGLang's deterministic inference a request's logits depend less on them."""
-    v2 = _TREE_V2
     cases = []
     det = (("enable_deterministic_inference", True),)
     for backend, tree, graph in (("flashinfer", (5, 4, 8), True), ("fa3", (3, 4, 16), True),
@@ -469,7 +467,7 @@ def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repea
         wanted += GROUPS[g]
     if wanted:
         cases = [c for c in cases if any(fnmatch.fnmatch(c.name, p) for p in wanted)]
-    cases = ge.take_shard(cases, shard)
+    cases = launch.take_shard(cases, shard)
     return cases + [replace(c, name=f"{c.name}~{k}") for k in range(2, repeat + 1) for c in cases]
 
 
@@ -489,7 +487,7 @@ def engine_kwargs(case: Case, models: Path, stock: bool = False) -> dict[str, An
     target, draft = (models / name for name in model_dirs(case))
     default = case.backend == "default"
     extra = dict(case.extra, **(dict(case.stock_extra) if stock else {}))
-    return ge.spec_engine_kwargs(
+    return engine_config.spec_engine_kwargs(
         str(target), str(draft), algorithm=case.algorithm, backend=case.backend,
         cuda_graph=case.cuda_graph, pcg=None if default else case.pcg, mem_fraction=0.06,
         cuda_graph_max_bs=extra.pop("cuda_graph_max_bs", 64), pcg_max_tokens=512 if case.pcg else None,
@@ -1020,13 +1018,13 @@ def server_worker_main(spec: dict[str, Any]) -> int:
     result: dict[str, Any] = {"pid": server.pid, "scenarios": {}}
     try:
         deadline = time.monotonic() + float(spec.get("server_start_s", 300))
-        not_ready = ge.wait_until_ready(server, base + "/health", deadline)
+        not_ready = launch.wait_until_ready(server, base + "/health", deadline)
         if not_ready:
             raise RuntimeError(f"sglang.launch_server {not_ready}")
         model = _http_json(base + "/v1/models")["data"][0]["id"]
         try:
             info = _http_json(base + "/get_server_info")
-            result["effective"] = {k: info.get(k) for k in ge.EFFECTIVE_KEYS if k in info}
+            result["effective"] = {k: info.get(k) for k in engine_config.EFFECTIVE_KEYS if k in info}
         except (urllib.error.URLError, OSError, ValueError) as exc:
             result["effective"] = {"error": repr(exc)[:300]}
         _http_json(base + "/generate", {"text": "w3 w4 w5 w6", "sampling_params": _greedy(16)})
@@ -1073,13 +1071,13 @@ def worker_main(spec_path: Path) -> int:
         return server_worker_main(spec)
     import sglang
 
-    print(f"worker pid {os.getpid()} mode {os.environ.get(smoke.ENV_MODE)} sglang {sglang.__version__}", flush=True)
+    print(f"worker pid {os.getpid()} mode {os.environ.get(child_env.ENV_MODE)} sglang {sglang.__version__}", flush=True)
     print("engine kwargs: " + json.dumps(spec["engine_kwargs"]), flush=True)
     t0 = time.perf_counter()
     engine = sglang.Engine(**spec["engine_kwargs"])
     result: dict[str, Any] = {"pid": os.getpid(), "startup_s": time.perf_counter() - t0, "scenarios": {},
                               "sglang_version": getattr(sglang, "__version__", None),
-                              "effective": ge.effective_config(engine)}
+                              "effective": engine_config.effective_config(engine)}
     try:
         pids = list(engine.get_all_child_pids()) + [os.getpid()]
         result["child_pids"] = pids
@@ -1103,13 +1101,6 @@ def worker_main(spec_path: Path) -> int:
 # ----------------------------------------------------------------------------- evaluation (pure)
 
 
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-
 def _first_diff(a: Sequence[Any], b: Sequence[Any]) -> int | None:
     k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     if k is None and len(a) != len(b):
@@ -1117,10 +1108,10 @@ def _first_diff(a: Sequence[Any], b: Sequence[Any]) -> int | None:
     return k
 
 
-def _close(a: Any, b: Any, tol: float) -> bool:
+def close_logprobs(a: Any, b: Any, tol: float) -> bool:
     """``a == b``, but floats (logprobs) only within ``tol``; ids and structure exactly."""
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))
+        return len(a) == len(b) and all(close_logprobs(x, y, tol) for x, y in zip(a, b))
     if isinstance(a, float) or isinstance(b, float):
         return (isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)
                 and not isinstance(b, bool) and abs(a - b) <= tol)
@@ -1146,11 +1137,11 @@ def _close_tops(a: Sequence[Any] | None, b: Sequence[Any] | None, tol: float) ->
     return True
 
 
-def _same_logprobs(a: dict[str, Any], b: dict[str, Any], tol: float = 0.0) -> bool:
+def same_logprobs(a: dict[str, Any], b: dict[str, Any], tol: float = 0.0) -> bool:
     if not tol:
         return a.get("logprobs") == b.get("logprobs") and a.get("top_logprobs") == b.get("top_logprobs")
     ta, tb = a.get("top_logprobs") or [], b.get("top_logprobs") or []
-    return (_close(a.get("logprobs"), b.get("logprobs"), tol) and len(ta) == len(tb)
+    return (close_logprobs(a.get("logprobs"), b.get("logprobs"), tol) and len(ta) == len(tb)
             and all(_close_tops(x, y, tol) for x, y in zip(ta, tb)))
 
 
@@ -1158,7 +1149,7 @@ def _same_output(a: dict[str, Any], b: dict[str, Any], logprobs: bool, tol: floa
     same = (a["output_ids"] == b["output_ids"] and a.get("text") == b.get("text")
             and a.get("finish") == b.get("finish"))
     if logprobs:
-        same = same and _same_logprobs(a, b, tol)
+        same = same and same_logprobs(a, b, tol)
     return same
 
 
@@ -1454,7 +1445,7 @@ def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: 
     if sc.get("return_logprob"):
         # With a tolerance (trees: spec v1 vs v2), requests whose ids differ are the near-tie
         # check's business; the logprobs of the others must agree.
-        bad = [i for i, (s, p) in enumerate(zip(so, po)) if not _same_logprobs(s, p, logprob_tol)
+        bad = [i for i, (s, p) in enumerate(zip(so, po)) if not same_logprobs(s, p, logprob_tol)
                and not (logprob_tol and s["output_ids"] != p["output_ids"])]
         # streamed requests that the client aborts carry no logprobs (``_run_async``)
         have = all(p.get("logprobs") for p in po if not p.get("abort_requested"))
@@ -1531,7 +1522,7 @@ def spec_v1_checks(stock: dict[str, Any], patched: dict[str, Any]) -> list[Check
               f"disable_overlap_schedule {[e.get('disable_overlap_schedule') for e in eff.values()]}"),
         Check("patched log: one auto-tree spec v1 line", patched["log"].auto_tree_lines == 1,
               f"{patched['log'].auto_tree_lines} lines"),
-        Check(f"patched log: no '{smoke.TREE_V2_MARK}' line ({TREE_SPEC_V2_ENV}=0)", patched["log"].tree_v2_lines == 0,
+        Check(f"patched log: no '{logs.TREE_V2_MARK}' line ({TREE_SPEC_V2_ENV}=0)", patched["log"].tree_v2_lines == 0,
               f"{patched['log'].tree_v2_lines} lines"),
     ]
     return checks
@@ -1552,7 +1543,7 @@ def _request_accept_length(run: dict[str, Any]) -> float | None:
 def accept_length(run: dict[str, Any]) -> tuple[float | None, str]:
     """A run's mean accept length and where it comes from: SGLang's ``Decode batch`` log lines,
     else (no such line) the requests' ``spec_accept_length``."""
-    log: smoke.LogFindings = run["log"]
+    log: logs.LogFindings = run["log"]
     if log.mean_accept_length is not None:
         return log.mean_accept_length, f"{len(log.accept_lengths)} decode log lines"
     return _request_accept_length(run), "requests' spec_accept_length (no decode log line)"
@@ -1571,8 +1562,8 @@ def tree_v2_checks(case: Case, stock: dict[str, Any], patched: dict[str, Any]) -
     want_tree = tuple(want.get(k) for k in SPEC_TREE_KEYS)
     trees = {name: tuple(e.get(k) for k in SPEC_TREE_KEYS) for name, e in eff.items()}
     overlap = {name: e.get("disable_overlap_schedule") for name, e in eff.items()}
-    plog: smoke.LogFindings = patched["log"]
-    slog: smoke.LogFindings = stock["log"]
+    plog: logs.LogFindings = patched["log"]
+    slog: logs.LogFindings = stock["log"]
     checks = [
         Check("patched and stock resolve to the same server args", bool(eff["stock"]) and not differ,
               f"differ: {differ}" if differ else f"{eff['patched'].get('attention_backend')}, "
@@ -1581,10 +1572,10 @@ def tree_v2_checks(case: Case, stock: dict[str, Any], patched: dict[str, Any]) -
               all(t == want_tree for t in trees.values()), f"asked {want_tree}; {trees}"),
         Check("patched on spec v2, stock on spec v1", overlap == {"stock": True, "patched": False},
               f"disable_overlap_schedule {overlap}"),
-        Check(f"patched log: one '{smoke.TREE_V2_MARK}' line", plog.tree_v2_lines == 1,
+        Check(f"patched log: one '{logs.TREE_V2_MARK}' line", plog.tree_v2_lines == 1,
               f"{plog.tree_v2_lines} lines"),
         Check("stock log: SGLang's spec v1 line for the tree", slog.stock_tree_spec_v1_lines >= 1,
-              f"{slog.stock_tree_spec_v1_lines} lines '{smoke.STOCK_TREE_SPEC_V1_MARK}'"),
+              f"{slog.stock_tree_spec_v1_lines} lines '{logs.STOCK_TREE_SPEC_V1_MARK}'"),
     ]
     if model_dirs(case)[1] in PARTIAL_ACCEPT_DRAFTS:
         value, source = accept_length(patched)
@@ -1604,10 +1595,10 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
     pres = (patched.get("result") or {}).get("scenarios", {})
     checks += output_checks(sc_list, sres, pres, case.logprob_tol, near_ties=case.tree_v2 or case.batch_variant,
                             max_accept=case_max_accept(case))
-    slog: smoke.LogFindings = stock["log"]
-    plog: smoke.LogFindings = patched["log"]
-    sprobe: smoke.ProbeSummary = stock["probe"]
-    pprobe: smoke.ProbeSummary = patched["probe"]
+    slog: logs.LogFindings = stock["log"]
+    plog: logs.LogFindings = patched["log"]
+    sprobe: logs.ProbeSummary = stock["probe"]
+    pprobe: logs.ProbeSummary = patched["probe"]
     main_pid = (patched.get("result") or {}).get("pid")
     need = set(pprobe.scheduler_pids) | ({main_pid} if main_pid else set())
     missing = sorted(need - set(plog.applied_pids))
@@ -1705,20 +1696,20 @@ def run_engine(case: Case, mode_name: str, mode: str, spec: dict[str, Any], work
     tag = f"{case.name}-{mode_name}"
     probe_dir = work / f"probe-{tag}"
     probe_dir.mkdir(parents=True, exist_ok=True)
-    ports = ge.PortBlock(spec["ports"]["base"]) if spec.get("ports") else None
-    env = with_case_env(ge.subprocess_env(mode, probe_dir, log_config, ports=ports, site=site,
+    ports = port_blocks.PortBlock(spec["ports"]["base"]) if spec.get("ports") else None
+    env = with_case_env(child_env.subprocess_env(mode, probe_dir, log_config, ports=ports, site=site,
                                           cuda_visible_devices=spec.get("cuda_visible_devices"),
                                           probe_funcs=PD_PROBE_FUNCS if case.pd_decode else ()), case)
-    rc, wall, result, text = ge.run_worker(Path(__file__).resolve(), spec, work, tag, work / f"{tag}.log", env,
+    rc, wall, result, text = launch.run_worker(Path(__file__).resolve(), spec, work, tag, work / f"{tag}.log", env,
                                            timeout)
     print(f"   {tag}: rc {rc}, {wall:.0f} s", flush=True)
-    error = ge.engine_error(rc, result, text, expected=[sc["name"] for sc in spec["scenarios"]])
+    error = launch.engine_error(rc, result, text, expected=[sc["name"] for sc in spec["scenarios"]])
     return {"mode": mode, "returncode": rc, "wall_s": wall, "result": result,
-            "log": smoke.scan_log(text), "probe": smoke.summarize_probe(smoke.read_probe_dir(probe_dir)),
+            "log": logs.scan_log(text), "probe": logs.summarize_probe(logs.read_probe_dir(probe_dir)),
             "retract_lines": text.count(RETRACT_LINE), "log_path": str(work / f"{tag}.log"),
-            "log_excerpt": smoke.trim_log(text, max_lines=25, tail=8), "error": error,
-            "log_tail": ge.log_tail(text) if error else None, "ports": spec.get("ports"),
-            "config_label": ge.config_label((result or {}).get("effective"), requested_backend=case.backend,
+            "log_excerpt": logs.trim_log(text, max_lines=25, tail=8), "error": error,
+            "log_tail": logs.log_tail(text) if error else None, "ports": spec.get("ports"),
+            "config_label": engine_config.config_label((result or {}).get("effective"), requested_backend=case.backend,
                                             log_text=text)}
 
 
@@ -1748,45 +1739,30 @@ class CaseResult:
         return "passed" if self.passed else "failed"
 
 
-def visible_gpus(limit: int | None = None) -> list[str]:
-    """The GPU ids Engines may be pinned to: ``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if env:
-        ids = [x.strip() for x in env.split(",") if x.strip()]
-    else:
-        try:
-            text = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            text = ""
-        ids = [str(i) for i, line in enumerate(ln for ln in text.splitlines() if ln.startswith("GPU "))]
-    ids = ids or ["0"]
-    return ids[:limit] if limit else ids
-
-
 def skip_reason(case: Case, n_gpus: int, fa3: bool) -> str | None:
     if case.gpus > n_gpus:
         return f"needs {case.gpus} GPUs, {n_gpus} available"
     if case.needs_fa3 and not fa3:
-        return f"{ge.NO_FA3}: backend {case.backend} needs FA3 (sgl_kernel.flash_ops)"
+        return f"{child_env.NO_FA3}: backend {case.backend} needs FA3 (sgl_kernel.flash_ops)"
     return None
 
 
 def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, timeout: float,
               stagger_s: float, soak_requests: int, gpu_ids: Sequence[str] = ("0",), fa3: bool | None = None,
-              ports: ge.PortAllocator | None = None, upstream_site: str | None = None,
+              ports: port_blocks.PortAllocator | None = None, upstream_site: str | None = None,
               upstream_fa3: bool = False, on_result: Callable[[list[CaseResult]], None] | None = None) -> list[CaseResult]:
     """Every case's stock and patched Engines, ``jobs`` at a time, each with a port block of its
     own (``ports``); ``fa3``: whether FA3 imports here (default: find out); ``on_result`` sees
     the results so far after each case (a run cut short still leaves a record);
     ``upstream_site``: stock SGLang 0.5.13's site folder, for the cases that compare with it
     (those that need FA3 only when ``upstream_fa3``: its FA3 is installed there)."""
-    fa3 = ge.fa3_available() if fa3 is None else fa3
-    ports = ports or ge.PortAllocator()
+    fa3 = child_env.fa3_available() if fa3 is None else fa3
+    ports = ports or port_blocks.PortAllocator()
     skipped = {c.name: why for c in cases if (why := skip_reason(c, len(gpu_ids), fa3))}
     runnable = [c for c in cases if c.name not in skipped]
-    vocab = ge.model_config(models / "target")["vocab_size"]
-    eos_ids = tuple(ge.eos_token_ids(models / "target"))
-    log_config = ge.write_logging_config(work / "logging.json")
+    vocab = model_factory.model_config(models / "target")["vocab_size"]
+    eos_ids = tuple(model_factory.eos_token_ids(models / "target"))
+    log_config = logs.write_logging_config(work / "logging.json")
     # One workload per profile, shared by both runs of a case and by its evaluation.
     workloads = {c.profile: scenarios(c.profile, vocab, soak_requests=soak_requests, eos_ids=eos_ids)
                  for c in runnable}
@@ -1812,7 +1788,7 @@ def run_cases(cases: Sequence[Case], models: Path, work: Path, *, jobs: int, tim
         upstream = mode_name == UPSTREAM_RUN[0]
         # 0.5.13 gets the patched run's launch: it runs a tree (auto-chosen too) on spec v2.
         kwargs = engine_kwargs(case, models, stock=mode == "off" and not upstream)
-        spec = {"engine_kwargs": ge.with_ports(kwargs, block), "ports": block.as_dict(),
+        spec = {"engine_kwargs": port_blocks.with_ports(kwargs, block), "ports": block.as_dict(),
                 "scenarios": workloads[case.profile], "server": case.server, "cuda_visible_devices": devices(case)}
         return run_engine(case, mode_name, mode, spec, work, timeout, log_config,
                           site=upstream_site if upstream else None)
@@ -1921,8 +1897,9 @@ def outcome(summaries: Sequence[dict[str, Any]]) -> tuple[bool, str]:
     if n["error"]:
         text += f", {n['error']} harness error{'s' if n['error'] > 1 else ''} (an Engine did not run to the end)"
     if n["skipped"]:
-        no_fa3 = sum(1 for s in summaries if _status(s) == "skipped" and str(s.get("skipped")).startswith(ge.NO_FA3))
-        text += f", {n['skipped']} skipped" + (f" ({no_fa3} for {ge.NO_FA3})" if no_fa3 else "")
+        no_fa3 = sum(1 for s in summaries
+                     if _status(s) == "skipped" and str(s.get("skipped")).startswith(child_env.NO_FA3))
+        text += f", {n['skipped']} skipped" + (f" ({no_fa3} for {child_env.NO_FA3})" if no_fa3 else "")
     return bool(ran) and n["passed"] == ran, text
 
 
@@ -1932,7 +1909,7 @@ def _status(s: dict[str, Any]) -> str:
 
 
 def format_report(summaries: Sequence[dict[str, Any]], fa3: bool | None = None) -> str:
-    lines = [] if fa3 is None else [ge.fa3_line(fa3)]
+    lines = [] if fa3 is None else [child_env.fa3_line(fa3)]
     for s in summaries:
         status = _status(s)
         if status == "skipped":
@@ -2040,21 +2017,6 @@ def merge_record_from_docs(docs: Sequence[dict[str, Any]]) -> str:
             lines += ["", f"Radix cache ({c['case']['name']}): cached prompt tokens stock {s.get('cached_tokens')}, "
                       f"patched {p.get('cached_tokens')}."]
     return "\n".join(lines) + "\n"
-
-
-def environment(command: str, wall_s: float, fa3: bool | None = None) -> dict[str, Any]:
-    """Date, command, versions, GPU and FA3 of a run; no CUDA context in this process (it is
-    written while Engines run)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    info: dict[str, Any] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                            "command": command, "wall_s": wall_s, "fa3": fa3, "gpu": ge.gpu_name()}
-    for name in ("torch", "sglang"):
-        try:
-            info[name] = version(name)
-        except PackageNotFoundError:
-            info[name] = None
-    return info
 
 
 #: What ``--save-outputs`` keeps of a scenario's entry (prompts are rebuilt from the scenario).
@@ -2167,7 +2129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", nargs="+", type=Path, help="write the Markdown record of these JSONs to stdout")
     p.add_argument("--upstream-site", default=None,
                    help="site folder of stock SGLang 0.5.13 (.gpu-0513/activate.sh unpacks it to "
-                        f"{ge.DEFAULT_UPSTREAM_SITE}, the default): the tree cases also run it and compare; "
+                        f"{child_env.DEFAULT_UPSTREAM_SITE}, the default): the tree cases also run it and compare; "
                         "'none' or a folder without SGLang: they do not")
     p.add_argument("--save-outputs", action="store_true",
                    help="also write outputs-<tag>.json.gz: every run's outputs (ids, logprobs) per scenario")
@@ -2199,10 +2161,10 @@ def main(argv: list[str] | None = None) -> int:
                   + (" (needs FA3)" if c.needs_fa3 else ""))
         return 0 if cases else 2
     t0 = time.perf_counter()
-    fa3 = ge.fa3_available()
-    print(ge.fa3_line(fa3), flush=True)
+    fa3 = child_env.fa3_available()
+    print(child_env.fa3_line(fa3), flush=True)
     tag = args.tag or "-".join([*(args.group or []), *([args.shard.replace("/", "of")] if args.shard else [])]) or "all"
-    command = "python3 " + ge.portable_command("scripts/gpu_e2e.py", argv if argv is not None else sys.argv[1:],
+    command = "python3 " + records.portable_command("scripts/gpu_e2e.py", argv if argv is not None else sys.argv[1:],
                                                {"--models": "MODELS", "--out": "OUT"})
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -2210,7 +2172,7 @@ def main(argv: list[str] | None = None) -> int:
         """e2e-<tag>.json and .txt: after every case (``partial``), then the final record."""
         summaries = [case_summary(r) for r in results]
         report = format_report(summaries, fa3) + ("" if final else f"\n(partial: {len(results)}/{len(cases)} cases so far)")
-        doc = {"environment": environment(command, time.perf_counter() - t0, fa3),
+        doc = {"environment": records.run_environment(command, time.perf_counter() - t0, fa3),
                "fa3": fa3, "partial": not final, "cases": summaries}
         (args.out / f"e2e-{tag}.json").write_text(json.dumps(doc, indent=1))
         (args.out / f"e2e-{tag}.txt").write_text(report + "\n")
@@ -2221,18 +2183,18 @@ def main(argv: list[str] | None = None) -> int:
         models = args.models
         if models is None:
             models = work / "models"
-            ge.build_tiny_models(models)
-        upstream = None if args.upstream_site == "none" else ge.upstream_site(args.upstream_site)
-        if upstream and ge.site_sglang_version(upstream) is None:
+            model_factory.build_tiny_models(models)
+        upstream = None if args.upstream_site == "none" else child_env.upstream_site(args.upstream_site)
+        if upstream and child_env.site_sglang_version(upstream) is None:
             if any(c.upstream for c in cases):
                 print(f"no SGLang in {upstream}: the tree cases run without the 0.5.13 comparison", flush=True)
             upstream = None
         results = run_cases(cases, models, work, jobs=args.jobs, timeout=args.timeout,
                             stagger_s=args.stagger, soak_requests=args.soak_requests,
-                            gpu_ids=visible_gpus(args.gpus), fa3=fa3, upstream_site=upstream,
+                            gpu_ids=child_env.visible_gpus(args.gpus), fa3=fa3, upstream_site=upstream,
                             upstream_fa3=bool(upstream) and (Path(upstream) / "sgl_kernel" / "flash_ops.abi3.so").exists(),
                             on_result=lambda rs: write(rs, False))
-        ge.archive_logs(work, args.out / f"logs-{tag}.tar.gz")
+        records.archive_logs(work, args.out / f"logs-{tag}.tar.gz")
         if args.save_outputs:
             save_outputs(results, args.out / f"outputs-{tag}.json.gz")
     finally:
@@ -2244,5 +2206,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     _rc = main()
     if "--worker" in sys.argv:
-        smoke._exit_worker(_rc)
+        launch.exit_worker(_rc)
     sys.exit(_rc)

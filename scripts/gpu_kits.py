@@ -5,18 +5,18 @@ models, on three flavours: stock SGLang, SGLang + the plugin, and the patched tr
 Flavours (``--flavours``, default all three):
 
 * ``stock``: ``SGLANG_FUTUREMAP_PATCH=off``;
-* ``plugin``: ``SGLANG_FUTUREMAP_PATCH=strict`` (gpu_engine's ``patched`` variant);
+* ``plugin``: ``SGLANG_FUTUREMAP_PATCH=strict`` (gpu_harness.child_env's ``patched`` variant);
 * ``tree``: a copy of this environment's ``sglang`` package with ``patches/`` applied, first on
-  ``PYTHONPATH``, the plugin off (gpu_engine's ``tree`` variant).
+  ``PYTHONPATH``, the plugin off (gpu_harness.child_env's ``tree`` variant).
 
 Every kit case (``--list``) is one server: a subclass of the real fixture class with the kits'
 mixins, launched by the fixture's own ``setUpClass`` (``sglang serve``) and run as a pytest
 process of ``tests/gpu/kits/test_sglang_kits.py`` (``--worker``). Each server gets ports no
-other server of the run uses (``gpu_engine.PortAllocator``), ``SGLANG_SPEC_NAN_DETECTION=1`` and
-``SGLANG_SPEC_OOB_DETECTION=1``, spec v2 (3 steps, topk 1, 4 draft tokens), a small memory
-footprint and, unless the case is about it, no piecewise CUDA graph. Cases and flavours run
-side by side (``--jobs``). The attention backend is FA3 where it imports, else Triton
-(``--attention-backend``).
+other server of the run uses (``gpu_harness.port_blocks.PortAllocator``),
+``SGLANG_SPEC_NAN_DETECTION=1`` and ``SGLANG_SPEC_OOB_DETECTION=1``, spec v2 (3 steps, topk 1,
+4 draft tokens), a small memory footprint and, unless the case is about it, no piecewise CUDA
+graph. Cases and flavours run side by side (``--jobs``). The attention backend is FA3 where it
+imports, else Triton (``--attention-backend``).
 
 Each job is also checked to be the flavour it claims: the plugin's log lines (applied /
 disabled) and the call-count probe (stock's scheduler waits on ``verify_done``, the plugin's
@@ -58,13 +58,11 @@ from typing import Any, Callable, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import gpu_engine as ge  # noqa: E402  (variants, ports, environment, launch, models, FA3)
 import gpu_kits_cases as kc  # noqa: E402  (the catalogue)
-import gpu_smoke as smoke  # noqa: E402  (plugin log lines, probe summaries)
+from gpu_harness import child_env, launch, logs, model_factory, port_blocks, records  # noqa: E402
 
-#: flavour -> gpu_engine variant
+#: flavour -> gpu_harness.child_env variant
 FLAVOURS: dict[str, str] = {"stock": "stock", "plugin": "patched", "tree": "tree"}
-JOB_STATUSES = ("passed", "failed", "error", "skipped", "not run")
 BACKENDS = ("auto", "triton", "fa3", "flashinfer")
 MIN_JOB_S = 90  # a job is not started with less of the budget left
 
@@ -102,7 +100,7 @@ def parse_flavours(text: str) -> list[str]:
 
 def shard(cases: Sequence[kc.KitCase], spec: str | None) -> list[kc.KitCase]:
     try:
-        return ge.take_shard(cases, spec)
+        return launch.take_shard(cases, spec)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -135,7 +133,7 @@ class Setup:
     log_config: Path
     backend: str
     fa3: bool
-    variants: dict[str, ge.Variant]
+    variants: dict[str, child_env.Variant]
     stand_in: dict[str, bool] = field(default_factory=dict)  # flavour -> datasets stand-in on the path
     preflight: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # flavour -> why it cannot run at all
@@ -161,48 +159,49 @@ def choose_backend(requested: str, fa3: bool) -> str:
     if requested == "auto":
         return "fa3" if fa3 else "triton"
     if requested == "fa3" and not fa3:
-        raise UsageError(f"--attention-backend fa3: {ge.NO_FA3} here (sgl_kernel.flash_ops does not import)")
+        raise UsageError(f"--attention-backend fa3: {child_env.NO_FA3} here (sgl_kernel.flash_ops does not import)")
     return requested
 
 
 def prepare(args: argparse.Namespace, flavours: Sequence[str], work: Path) -> Setup:
-    models = ge.build_tiny_models(work / "models") if args.models is None else {
+    models = model_factory.build_tiny_models(work / "models") if args.models is None else {
         "target": args.models / "target", "draft": args.models / "draft", "eagle3": args.models / "eagle3"}
     missing = [str(p) for p in models.values() if not (p / "config.json").exists()]
     if missing:
         raise UsageError(f"--models {args.models}: no model in {', '.join(missing)} (make_tiny_models.py --out DIR)")
     kits_model = kc.write_kits_model(models["target"], work / "kits-target")
-    vocab = int(ge.model_config(kits_model)["vocab_size"])
+    vocab = int(model_factory.model_config(kits_model)["vocab_size"])
     data_dir = work / "data"
     kc.write_kits_data(data_dir, str(kits_model), vocab)
-    variants: dict[str, ge.Variant] = {}
+    variants: dict[str, child_env.Variant] = {}
     errors: dict[str, str] = {}
     for flavour in flavours:
         tree = None
         if flavour == "tree":
             tree = str(work / "tree" / "python")
             try:
-                ge.build_tree_site(work / "tree")
+                child_env.build_tree_site(work / "tree")
             except Exception as exc:  # the other flavours still run; the tree's jobs say why not
                 errors[flavour] = f"cannot build the patched tree: {exc}"[:400]
-        variants[flavour] = ge.make_variants([FLAVOURS[flavour]], tree=tree)[0]
-    fa3 = ge.fa3_available()
+        variants[flavour] = child_env.make_variants([FLAVOURS[flavour]], tree=tree)[0]
+    fa3 = child_env.fa3_available()
     return Setup(work=work, models=models, kits_model=kits_model, data_dir=data_dir,
-                 bin_dir=write_launcher(work / "bin").parent, log_config=ge.write_logging_config(work / "logging.json"),
+                 bin_dir=write_launcher(work / "bin").parent,
+                 log_config=logs.write_logging_config(work / "logging.json"),
                  backend=choose_backend(args.attention_backend, fa3), fa3=fa3, variants=variants, errors=errors)
 
 
 def flavour_env(setup: Setup, flavour: str, probe_dir: Path, *, case: kc.KitCase | None = None,
-                ports: ge.PortBlock | None = None, gpu: str | None = None) -> dict[str, str]:
+                ports: port_blocks.PortBlock | None = None, gpu: str | None = None) -> dict[str, str]:
     """The environment of a kit test process (and so of the server it launches)."""
     variant = setup.variants[flavour]
-    env = ge.subprocess_env(variant.mode, probe_dir, setup.log_config, site=variant.site, ports=ports,
+    env = child_env.subprocess_env(variant.mode, probe_dir, setup.log_config, site=variant.site, ports=ports,
                             overlay=variant.overlay, cuda_visible_devices=gpu)
     env.update(kc.SERVER_ENV)
     env.update(case.env if case else ())
     env["PATH"] = os.pathsep.join([str(setup.bin_dir), env.get("PATH", "")])
     if setup.stand_in.get(flavour):
-        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(kc.STAND_INS)])
+        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(child_env.DATASETS_STAND_IN)])
     return env
 
 
@@ -247,7 +246,7 @@ def run_preflight(setup: Setup, flavour: str, modules: Sequence[str], timeout: f
     probe.mkdir(parents=True, exist_ok=True)
     env = flavour_env(setup, flavour, probe)
     try:
-        proc = subprocess.run([sys.executable, "-c", PREFLIGHT, str(kc.STAND_INS), *modules], env=env,
+        proc = subprocess.run([sys.executable, "-c", PREFLIGHT, str(child_env.DATASETS_STAND_IN), *modules], env=env,
                               capture_output=True, text=True, timeout=timeout)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PREFLIGHT ")]
         doc = json.loads(lines[-1][len("PREFLIGHT "):]) if lines else {
@@ -295,7 +294,7 @@ def job_status(returncode: int | None, tests: Sequence[dict[str, Any]], log_text
     """A job's status from its tests, and why it is an error when it is one (``log_text``: the
     job's log, which says whether the harness killed it at its time limit)."""
     if not tests:
-        return "error", f"no test results ({ge.exit_reason(returncode, log_text) or 'exit status 0'})"
+        return "error", f"no test results ({launch.exit_reason(returncode, log_text) or 'exit status 0'})"
     states = [t["status"] for t in tests]
     ran = [s for s in states if s != "skipped"]
     if not ran:
@@ -308,7 +307,7 @@ def job_status(returncode: int | None, tests: Sequence[dict[str, Any]], log_text
     return "passed", None
 
 
-def flavour_check(flavour: str, log: smoke.LogFindings, probe: smoke.ProbeSummary, ran: bool) -> tuple[bool, str]:
+def flavour_check(flavour: str, log: logs.LogFindings, probe: logs.ProbeSummary, ran: bool) -> tuple[bool, str]:
     """Whether the job ran the flavour it claims: plugin log lines and the verify_done probe."""
     problems = []
     if log.bad_lines:
@@ -345,7 +344,7 @@ def not_run(job: Job, why: str) -> dict[str, Any]:
             "tests": [], "check": None, "measured": {}, "thresholds": None}
 
 
-def run_job(job: Job, setup: Setup, ports: ge.PortAllocator, thresholds_doc: dict[str, Any], *, fit: bool,
+def run_job(job: Job, setup: Setup, ports: port_blocks.PortAllocator, thresholds_doc: dict[str, Any], *, fit: bool,
             timeout: float, gpu: str | None) -> dict[str, Any]:
     case, flavour = job.case, job.flavour
     pre = setup.preflight.get(flavour, {})
@@ -367,12 +366,12 @@ def run_job(job: Job, setup: Setup, ports: ge.PortAllocator, thresholds_doc: dic
     spec = {"case": case.name, "flavour": flavour, "plan": asdict(plan), "junit": str(junit)}
     env = flavour_env(setup, flavour, probe_dir, case=case, ports=block, gpu=gpu)
     print(f"   {job.tag}: start (port {block.port})", flush=True)
-    rc, wall, _, text = ge.run_worker(Path(__file__).resolve(), spec, work, job.tag, work / f"{job.tag}.log", env,
+    rc, wall, _, text = launch.run_worker(Path(__file__).resolve(), spec, work, job.tag, work / f"{job.tag}.log", env,
                                       timeout)
     tests = parse_junit(junit)
     status, error = job_status(rc, tests, text)
     ran = any(t["status"] == "passed" for t in tests)
-    ok, detail = flavour_check(flavour, smoke.scan_log(text), smoke.summarize_probe(smoke.read_probe_dir(probe_dir)), ran)
+    ok, detail = flavour_check(flavour, logs.scan_log(text), logs.summarize_probe(logs.read_probe_dir(probe_dir)), ran)
     passed = sum(t["status"] == "passed" for t in tests)
     print(f"   {job.tag}: {status} ({passed}/{len(tests)} passed, {wall:.0f} s)"
           + ("" if ok else f"; flavour check FAILED: {detail}"), flush=True)
@@ -380,7 +379,7 @@ def run_job(job: Job, setup: Setup, ports: ge.PortAllocator, thresholds_doc: dic
             "returncode": rc, "tests": tests, "check": {"ok": ok, "detail": detail},
             "measured": kc.measured_values(text), "ports": block.as_dict(),
             "thresholds": None if not case.thresholds else {"fitted": fitted and not fit, "values": thresholds},
-            "log": f"{job.tag}.log", "log_tail": ge.log_tail(text, 12) if status == "error" else None}
+            "log": f"{job.tag}.log", "log_tail": logs.log_tail(text, 12) if status == "error" else None}
 
 
 def budget_cut(res: dict[str, Any], left: float | None, timeout: float) -> dict[str, Any]:
@@ -398,7 +397,7 @@ def run_jobs(jobs: Sequence[Job], setup: Setup, thresholds_doc: dict[str, Any], 
     """Every job, ``parallel`` at a time, ``stagger`` seconds between server starts; none
     starts with less than MIN_JOB_S left before ``deadline`` (``time.monotonic``), and none
     outlives it."""
-    ports = ge.PortAllocator()
+    ports = port_blocks.PortAllocator()
     lock = threading.Lock()
     next_start = [time.monotonic()]
     results: list[dict[str, Any]] = []
@@ -497,7 +496,7 @@ def build_record(cases: Sequence[kc.KitCase], flavours: Sequence[str], results: 
             "cases": rows, "verdict": verdict(rows, flavours)}
 
 
-def _cell(job: dict[str, Any] | None) -> str:
+def job_cell(job: dict[str, Any] | None) -> str:
     if job is None:
         return "-"
     tests = job.get("tests") or []
@@ -559,7 +558,8 @@ def merge_docs(docs: Sequence[dict[str, Any]]) -> str:
     ]
     for c in cases:
         lines.append(f"| {c['name']} | {', '.join(c['kits'])} | {c['fixture'].split('.')[-1]} | {c['algorithm']}"
-                     f"{' + PCG' if c.get('pcg') else ''} | " + " | ".join(_cell(c['results'].get(f)) for f in flavours)
+                     f"{' + PCG' if c.get('pcg') else ''} | "
+                     + " | ".join(job_cell(c['results'].get(f)) for f in flavours)
                      + " |")
     for title, items in (("Regressions (passed on stock, not here)", v["regressions"]),
                          ("Incomplete", v["incomplete"])):
@@ -608,9 +608,9 @@ def merge_files(paths: Sequence[Path]) -> str:
     return merge_docs(docs)
 
 
-def portable_command(argv: Sequence[str]) -> str:
+def recorded_command(argv: Sequence[str]) -> str:
     """The command line as recorded: this machine's folders replaced by their role."""
-    return ge.portable_command("scripts/gpu_kits.py", argv, {"--models": "MODELS", "--out": "OUT",
+    return records.portable_command("scripts/gpu_kits.py", argv, {"--models": "MODELS", "--out": "OUT",
                                                             "--thresholds": "THRESHOLDS", "--work": "WORK"})
 
 
@@ -678,8 +678,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, argv: Sequence[str], cases: Sequence[kc.KitCase], flavours: Sequence[str],
         thresholds_doc: dict[str, Any]) -> int:
-    import gpu_e2e  # environment() and visible_gpus(): the e2e suite's, for the same record fields
-
     t0 = time.monotonic()
     tag = args.tag or ("fit" if args.fit else "run") + (f"-{args.shard.replace('/', 'of')}" if args.shard else "")
     out = args.out.resolve()
@@ -689,7 +687,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], cases: Sequence[kc.KitCas
     work.mkdir(parents=True, exist_ok=True)
     print(f"== setup: tiny models, kits target, data{', patched tree' if 'tree' in flavours else ''}", flush=True)
     setup = prepare(args, flavours, work)
-    print(ge.fa3_line(setup.fa3) + f"; attention backend {setup.backend}", flush=True)
+    print(child_env.fa3_line(setup.fa3) + f"; attention backend {setup.backend}", flush=True)
     modules = preflight_modules(cases)
     with ThreadPoolExecutor(max_workers=len(flavours)) as pool:
         pre = dict(zip(flavours, pool.map(lambda f: run_preflight(setup, f, modules), flavours)))
@@ -704,7 +702,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], cases: Sequence[kc.KitCas
     print(f"== {len(jobs)} jobs ({len(cases)} kit cases x {len(flavours)} flavours), {args.jobs} at a time", flush=True)
 
     def record_of(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        env = gpu_e2e.environment(portable_command(argv), round(time.monotonic() - t0, 1), setup.fa3)
+        env = records.run_environment(recorded_command(argv), round(time.monotonic() - t0, 1), setup.fa3)
         env.update(backend=setup.backend, jobs=args.jobs,
                    preflight={f: {k: p.get(k) for k in ("sglang_version", "datasets", "error")} for f, p in pre.items()})
         return build_record(cases, flavours, results, env, thresholds_doc, fit=args.fit)
@@ -717,10 +715,10 @@ def run(args: argparse.Namespace, argv: Sequence[str], cases: Sequence[kc.KitCas
 
     results = run_jobs(jobs, setup, thresholds_doc, fit=args.fit, parallel=args.jobs, timeout=args.timeout,
                        deadline=None if args.budget is None else t0 + args.budget, stagger=args.stagger,
-                       gpus=gpu_e2e.visible_gpus(), on_result=on_result)
+                       gpus=child_env.visible_gpus(), on_result=on_result)
     record = record_of(results)
     write_outputs(out, tag, record)
-    ge.archive_logs(work, out / f"logs-{tag}.tar.gz")
+    records.archive_logs(work, out / f"logs-{tag}.tar.gz")
     v = record["verdict"]
     print(f"== {v['outcome']}: {len(v['regressions'])} regressions, {len(v['incomplete'])} incomplete, "
           f"{len(v['stock_failures'])} tests failing on stock; record {out / f'kits-{tag}.md'}", flush=True)

@@ -45,22 +45,19 @@ from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_engine import SPEC_STEPS as SPEC_STEPS_KWARGS  # noqa: E402
+from gpu_harness import engine_config, model_factory  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 KITS_TEST_MODULE = ROOT / "tests" / "gpu" / "kits" / "test_sglang_kits.py"
 THRESHOLDS_FILE = ROOT / "tests" / "gpu" / "kits" / "thresholds.json"
-#: Import stand-in for HuggingFace ``datasets`` (see its docstring); on the path only where the
-#: real one is missing.
-STAND_INS = ROOT / "tests" / "gpu" / "kits" / "stand_ins"
 #: The job a kit test process runs (a JSON file, written by gpu_kits.py).
 JOB_ENV = "SGLANG_KITS_JOB"
 KITS_PACKAGE = "sglang.test.kits"
 FIXTURES_PACKAGE = "sglang.test.server_fixtures"
 
-#: The speculative configuration of every GPU harness here (gpu_engine.SPEC_STEPS) as flags.
-SPEC_STEPS = tuple((f"--{k.replace('_', '-')}", v) for k, v in SPEC_STEPS_KWARGS.items())
+#: The speculative configuration of every GPU harness here (engine_config.SPEC_STEPS) as flags.
+SPEC_FLAGS = tuple((f"--{k.replace('_', '-')}", v) for k, v in engine_config.SPEC_STEPS.items())
 #: Memory: a large static fraction (SGLang sizes the KV pool from the free memory it measured
 #: before loading, so servers starting side by side need headroom) capped by max_total_tokens.
 MEM_FRACTION_STATIC = 0.2
@@ -221,7 +218,6 @@ FUNCTION_KITS: dict[str, type] = {"cache_hit_kit.run_multiturn_cache_hit_test": 
 # ----------------------------------------------------------------------------- the kits' target
 
 
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2, as in make_tiny_models.py
 #: Characters whose pairs become merged tokens after the 256 byte tokens (order: frequency-ish).
 _MERGE_CHARS = (" etaoinshrdlcumwfgypbvkjxqzETAOINSHRDLCUMWFGYPBVKJXQZ0123456789"
                 ".,:;!?'\"-()[]{}<>/\\@#$%^&*_+=|~`\n\t")
@@ -245,8 +241,8 @@ def byte_level_vocab(size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Vocabulary and merges of a byte-level BPE tokenizer with exactly ``size`` ids: the three
     special tokens, the 256 bytes, then pairs of common characters (two-byte merges)."""
     sym = _byte_symbols()
-    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
-    vocab.update({sym[b]: len(SPECIAL_TOKENS) + b for b in range(256)})
+    vocab = {t: i for i, t in enumerate(model_factory.SPECIAL_TOKENS)}
+    vocab.update({sym[b]: len(model_factory.SPECIAL_TOKENS) + b for b in range(256)})
     chars = [sym[ord(c)] for c in _MERGE_CHARS]
     merges: list[tuple[str, str]] = []
     for a in chars:
@@ -263,7 +259,7 @@ def write_kits_model(target: Path, out: Path) -> Path:
     of the same vocabulary size and a plain chat template."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    config = json.loads((target / "config.json").read_text())
+    config = model_factory.model_config(target)
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(target.iterdir()):
         if path.suffix in (".json", ".safetensors") and not path.name.startswith("tokenizer"):
@@ -272,9 +268,9 @@ def write_kits_model(target: Path, out: Path) -> Path:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True) for t in model_factory.SPECIAL_TOKENS])
     tok.save(str(out / "tokenizer.json"))
-    pad, bos, eos = SPECIAL_TOKENS
+    pad, bos, eos = model_factory.SPECIAL_TOKENS
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": CONTEXT_LEN, "pad_token": pad,
         "bos_token": bos, "eos_token": eos, "add_bos_token": False, "chat_template": CHAT_TEMPLATE,
@@ -303,7 +299,7 @@ def write_kits_data(data_dir: Path, model: str, vocab_size: int, seed: int = 202
     of word prompts for the cache-hit kit; deterministic."""
     rng = random.Random(seed)
     data_dir.mkdir(parents=True, exist_ok=True)
-    prompts = [[rng.randrange(len(SPECIAL_TOKENS), vocab_size) for _ in range(rng.randint(300, 1200))]
+    prompts = [[rng.randrange(len(model_factory.SPECIAL_TOKENS), vocab_size) for _ in range(rng.randint(300, 1200))]
                for _ in range(KL_SAMPLES)]
     kl = kl_cache_file(data_dir, model)
     kl.write_text(json.dumps(prompts))
@@ -340,7 +336,7 @@ class ServerPlan:
 
 def spec_args(case: KitCase, plan: ServerPlan) -> list[Any]:
     out: list[Any] = ["--speculative-algorithm", case.algorithm, "--speculative-draft-model-path", plan.draft]
-    for flag, value in SPEC_STEPS:
+    for flag, value in SPEC_FLAGS:
         out += [flag, value]
     return out
 
@@ -407,9 +403,9 @@ def fixture_attributes(case: KitCase, plan: ServerPlan) -> dict[str, Any]:
         attrs["other_args"] = spec_args(case, plan) + mem + common_args(case, plan)
     elif fx.name == "eagle":
         attrs.update(target_model=plan.model, draft_model=plan.draft, spec_algo=case.algorithm,
-                     spec_steps=dict(SPEC_STEPS)["--speculative-num-steps"],
-                     spec_topk=dict(SPEC_STEPS)["--speculative-eagle-topk"],
-                     spec_tokens=dict(SPEC_STEPS)["--speculative-num-draft-tokens"],
+                     spec_steps=dict(SPEC_FLAGS)["--speculative-num-steps"],
+                     spec_topk=dict(SPEC_FLAGS)["--speculative-eagle-topk"],
+                     spec_tokens=dict(SPEC_FLAGS)["--speculative-num-draft-tokens"],
                      mem_fraction_static=MEM_FRACTION_STATIC, extra_args=common_args(case, plan))
     elif fx.name == "standalone":
         # Its get_server_args names DEFAULT_DRAFT_MODEL_STANDALONE and a 0.7 memory fraction
@@ -417,9 +413,9 @@ def fixture_attributes(case: KitCase, plan: ServerPlan) -> dict[str, Any]:
         if plan.backend == "default":
             raise ValueError("the standalone fixture needs an attention backend by name")
         attrs.update(draft_model=plan.draft, attention_backend=plan.backend,
-                     speculative_num_steps=dict(SPEC_STEPS)["--speculative-num-steps"],
-                     speculative_eagle_topk=dict(SPEC_STEPS)["--speculative-eagle-topk"],
-                     speculative_num_draft_tokens=dict(SPEC_STEPS)["--speculative-num-draft-tokens"],
+                     speculative_num_steps=dict(SPEC_FLAGS)["--speculative-num-steps"],
+                     speculative_eagle_topk=dict(SPEC_FLAGS)["--speculative-eagle-topk"],
+                     speculative_num_draft_tokens=dict(SPEC_FLAGS)["--speculative-num-draft-tokens"],
                      kits_args=spec_args(case, plan) + mem + common_args(case, plan))
     elif fx.name == "pcg_spec":
         attrs["server_args"] = spec_args(case, plan) + mem + common_args(case, plan)

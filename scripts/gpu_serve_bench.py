@@ -39,17 +39,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import gpu_engine as ge  # noqa: E402  (server readiness, GPU name)
+from gpu_harness import child_env, launch, model_factory, records  # noqa: E402
 
-PROBE_DIR = HERE / "gpu_probe"
-sys.path.insert(0, str(PROBE_DIR))
-import sched_timeline  # noqa: E402  (pure helpers; the probe itself loads in the server)
-
-#: bench_serving imports ``datasets`` at module level; the GPU box has none (offline datasets only).
-DATASETS_STAND_IN = ROOT / "tests" / "gpu" / "kits" / "stand_ins"
+#: ``gpu_probe/sched_timeline.py``'s pure helpers (the probe itself loads in the server).
+sched_timeline = child_env.probe_module("sched_timeline")
 BACKENDS = {"default": (), "triton": ("--attention-backend", "triton"),
             "flashinfer": ("--attention-backend", "flashinfer"), "fa3": ("--attention-backend", "fa3")}
 #: Variant -> (the plugin's mode, extra server environment). ``upstream``: stock SGLang of another
@@ -142,15 +137,6 @@ def request_ttfts(bench: dict[str, Any]) -> list[float] | None:
     return [round(t * 1e3, 1) for t in ttfts if t is not None and t > 0]
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0-1) with linear interpolation (numpy's default)."""
-    vals = sorted(values)
-    pos = (len(vals) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(vals) - 1)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
-
-
 def pooled_ttft(runs: Sequence[dict[str, Any]], other: str = "patched", seed: int = 0) -> dict[int, dict[str, Any]]:
     """TTFT p50 / p99 over every request of every boot, per concurrency, stock and ``other``,
     and how much better ``other`` is (stock / other) with a 90% bootstrap interval.
@@ -176,10 +162,10 @@ def pooled_ttft(runs: Sequence[dict[str, Any]], other: str = "patched", seed: in
             for _ in range(BOOTSTRAP_N):
                 rs = [s[rng.randrange(len(s))] for _ in s]
                 ro = [o[rng.randrange(len(o))] for _ in o]
-                ratios.append(percentile(rs, q) / percentile(ro, q))
-            row[name] = {"stock": percentile(s, q), other: percentile(o, q),
-                         "ratio": percentile(s, q) / percentile(o, q),
-                         "ci90": [percentile(ratios, 0.05), percentile(ratios, 0.95)]}
+                ratios.append(records.quantile(rs, q) / records.quantile(ro, q))
+            row[name] = {"stock": records.quantile(s, q), other: records.quantile(o, q),
+                         "ratio": records.quantile(s, q) / records.quantile(o, q),
+                         "ci90": [records.quantile(ratios, 0.05), records.quantile(ratios, 0.95)]}
         out[c] = row
     return out
 
@@ -375,13 +361,10 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 def make_models(root: Path) -> tuple[str, str]:
     """The 8B-shaped target and its 1-layer draft (config.json + a word-level tokenizer)."""
-    import bench_spec_v2
-    from make_tiny_models import write_tokenizer
-
-    target, draft = bench_spec_v2.write_model_dirs("8b", root)
-    vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
+    target, draft = model_factory.write_model_dirs("8b", root)
+    vocab = model_factory.model_config(target)["vocab_size"]
     for d in (target, draft):
-        write_tokenizer(Path(d), vocab)
+        model_factory.write_tokenizer(Path(d), vocab)
     return target, draft
 
 
@@ -426,13 +409,14 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
     mode, extra_env = MODES[variant]
     env = dict(os.environ, SGLANG_FUTUREMAP_PATCH=mode, SGLANG_ENABLE_METRICS_DEVICE_TIMER="1",
                PYTHONUNBUFFERED="1", **extra_env)
-    env["PYTHONPATH"] = os.pathsep.join([str(DATASETS_STAND_IN), env.get("PYTHONPATH", "")])
+    # bench_serving imports ``datasets`` at module level; the GPU box has none (offline datasets only).
+    env["PYTHONPATH"] = os.pathsep.join([str(child_env.DATASETS_STAND_IN), env.get("PYTHONPATH", "")])
     server_base = upstream_env(env, args.upstream_site) if variant == "upstream" else env
     timeline_dir = args.out / "timeline" / tag if args.timeline else None
     argv = server_argv(target, draft, args.backend, port, args.server_arg)
     run: dict[str, Any] = {"variant": variant, "boot": boot, "cells": {}, "error": None}
     if variant == "upstream":
-        run["sglang"] = ge.site_sglang_version(args.upstream_site)
+        run["sglang"] = child_env.site_sglang_version(args.upstream_site)
         if run["sglang"] is None:
             run["error"] = (f"upstream site {args.upstream_site} holds no SGLang "
                             "(bash scripts/gpu/stage_upstream.sh with .gpu-0513 sent along)")
@@ -446,7 +430,7 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
     client = BenchClient(env, args.out / "logs" / f"{tag}-bench.log")
     try:
         # /health_generate: ready once the model has generated, not just once the port is open.
-        not_ready = ge.wait_until_ready(proc, f"http://127.0.0.1:{port}/health_generate", deadline, poll_s=2)
+        not_ready = launch.wait_until_ready(proc, f"http://127.0.0.1:{port}/health_generate", deadline, poll_s=2)
         if not_ready:
             run["error"] = f"server {not_ready}" + (" (--budget)" if proc.poll() is None else "")
             return run
@@ -494,7 +478,7 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
 def upstream_env(env: dict[str, str], site: str) -> dict[str, str]:
     """The upstream server's environment: ``site`` first on ``PYTHONPATH`` and every other entry
     that holds an SGLang dropped (the stand-ins stay); the plugin's switch is off anyway."""
-    return dict(env, PYTHONPATH=ge.pythonpath_for_site(env.get("PYTHONPATH"), site))
+    return dict(env, PYTHONPATH=child_env.pythonpath_for_site(env.get("PYTHONPATH"), site))
 
 
 def server_env(env: dict[str, str], timeline_dir: Path | None) -> dict[str, str]:
@@ -502,7 +486,7 @@ def server_env(env: dict[str, str], timeline_dir: Path | None) -> dict[str, str]
     (``scripts/gpu_probe/sched_timeline.py``) writes there."""
     if timeline_dir is None:
         return env
-    return dict(env, PYTHONPATH=os.pathsep.join([str(PROBE_DIR), env.get("PYTHONPATH", "")]),
+    return dict(env, PYTHONPATH=os.pathsep.join([str(child_env.PROBE_DIR), env.get("PYTHONPATH", "")]),
                 SMOKE_PROBE_DIR=str(timeline_dir), SMOKE_SCHED_TIMELINE="1", SMOKE_PROBE_PLUGIN_LOG="0")
 
 
@@ -524,7 +508,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         version = sglang.__version__
     except Exception as exc:  # informative only
         version = f"unknown ({type(exc).__name__})"
-    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "gpu": ge.gpu_name(), "sglang": version,
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "gpu": child_env.gpu_name(), "sglang": version,
             "command": "python3 scripts/gpu_serve_bench.py " + " ".join(
                 a if not str(a).startswith(str(args.out)) else "OUT" for a in sys.argv[1:]),
             "config": {"model": "8B-shaped Llama, dummy weights; 1-layer STANDALONE draft, 3/1/4",
@@ -577,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--backend", choices=sorted(BACKENDS), default="default")
     p.add_argument("--variants", default="stock,patched",
                    help="comma-separated from stock, patched, upstream (stock SGLang of --upstream-site)")
-    p.add_argument("--upstream-site", default=ge.upstream_site(None),
+    p.add_argument("--upstream-site", default=child_env.upstream_site(None),
                    help="site folder of the upstream variant (default: where .gpu-0513/activate.sh unpacks)")
     p.add_argument("--boots", type=int, default=3, help="fresh servers per variant")
     p.add_argument("--concurrency", type=parse_int_list, default=parse_int_list("1,4,8,13,16,32,45,48"))

@@ -53,12 +53,11 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -66,10 +65,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-import gpu_engine as ge  # noqa: E402  (ports, environment, launch, models, FA3: shared by every harness)
-from gpu_engine import (  # noqa: E402,F401  (re-exported: the self-test and older callers use them here)
-    ENV_MODE, LOG_FORMAT, PLUGIN, PROBE_DIR, PROBE_FUNC, SCHEDULER_TITLE, logging_config, run_worker, subprocess_env,
-)
+from gpu_harness import child_env, engine_config, launch, logs, model_factory, port_blocks  # noqa: E402
+from gpu_harness.records import Check  # noqa: E402
 
 RUNS: tuple[tuple[str, str], ...] = (("stock", "off"), ("patched", "strict"))
 
@@ -155,163 +152,6 @@ def compare_outputs(
             )
         )
     return results
-
-
-_LEVELED = re.compile(
-    r"^\[(?P<ts>[^\]]*?) (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) pid=(?P<pid>\d+)\] (?P<msg>.*)$"
-)
-_PID_IN_MSG = re.compile(r"\[pid (\d+)\]")
-_BAD_LEVELS = {"WARNING", "ERROR", "CRITICAL"}
-#: The WARNING the plugin logs (on purpose) when it sends SGLang's auto-chosen tree to spec v1.
-AUTO_TREE_MARK = "speculative decoding because the auto-chosen tree"
-#: The INFO line the plugin logs when an EAGLE tree (topk > 1) runs on spec v2 (the overlap
-#: scheduler) instead of spec v1.
-TREE_V2_MARK = "spec v2 runs the EAGLE tree"
-#: Stock SGLang 0.5.12.x's own line when an explicit tree (topk > 1) goes to spec v1.
-STOCK_TREE_SPEC_V1_MARK = ("Spec v1 is used for eagle/eagle3/standalone speculative decoding because "
-                           "spec v2 currently only supports topk = 1")
-#: ``accept len`` of SGLang's periodic ``Decode batch`` line (speculative decoding only).
-_ACCEPT_LEN = re.compile(r"Decode batch\b.*?\baccept len: (\d+(?:\.\d+)?)")
-
-
-@dataclass
-class LogFindings:
-    applied_pids: list[int] = field(default_factory=list)
-    applied_lines: int = 0
-    disabled_lines: int = 0
-    bad_lines: list[str] = field(default_factory=list)
-    plugin_lines: list[str] = field(default_factory=list)
-    #: Lines saying that an auto-chosen tree runs on spec v1 (back-port auto-tree-spec-v1).
-    auto_tree_lines: int = 0
-    #: Lines saying that an EAGLE tree runs on spec v2 (``TREE_V2_MARK``).
-    tree_v2_lines: int = 0
-    #: Stock SGLang's lines sending an explicit tree to spec v1 (``STOCK_TREE_SPEC_V1_MARK``).
-    stock_tree_spec_v1_lines: int = 0
-    #: The ``accept len`` of every ``Decode batch`` line, in log order.
-    accept_lengths: list[float] = field(default_factory=list)
-
-    @property
-    def mean_accept_length(self) -> float | None:
-        """Mean ``accept len`` over the ``Decode batch`` lines (None without any)."""
-        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else None
-
-
-def scan_log(text: str) -> LogFindings:
-    """Find the plugin's startup lines and anything that looks like a plugin problem.
-
-    Lines are expected in ``LOG_FORMAT`` (level and pid). Plugin lines without a level
-    (e.g. when the probe's log handler is off) are classified by their wording."""
-    f = LogFindings()
-    pids: set[int] = set()
-    for raw in text.splitlines():
-        line = raw.rstrip()
-        m = _LEVELED.match(line)
-        level, msg = (m.group("level"), m.group("msg")) if m else (None, line)
-        if "Failed to execute general plugin" in line or "Failed to load plugin" in line:
-            f.bad_lines.append(line)
-            continue
-        accept = _ACCEPT_LEN.search(line)
-        if accept:
-            f.accept_lengths.append(float(accept.group(1)))
-        f.tree_v2_lines += int(TREE_V2_MARK in line)
-        f.stock_tree_spec_v1_lines += int(STOCK_TREE_SPEC_V1_MARK in line)
-        if PLUGIN not in line:
-            continue
-        if f"{PLUGIN}: Spec v1 is used for " in line and AUTO_TREE_MARK in line:
-            f.auto_tree_lines += 1
-            continue
-        if re.search(r'File ".*' + PLUGIN + r'[/\\]', line) or re.search(PLUGIN + r'[/\\]\S*\.py:\d+: \w*Warning', line):
-            f.bad_lines.append(line)  # a traceback frame in, or a Python warning from, the plugin's code
-            continue
-        if level in _BAD_LEVELS:
-            f.bad_lines.append(line)  # any WARNING+ line that mentions the plugin
-            continue
-        if f"{PLUGIN}:" not in line:
-            continue  # e.g. "Available plugins" listings: the package name, not a message
-        f.plugin_lines.append(line)
-        body = msg[msg.find(f"{PLUGIN}:") :]
-        if level is None and re.search(r"WARNING|ERROR|CRITICAL|Traceback|skipped|failed|revert", body):
-            f.bad_lines.append(line)
-            continue
-        if body.startswith(f"{PLUGIN}: applied"):
-            f.applied_lines += 1
-            pm = _PID_IN_MSG.search(body)
-            if pm:
-                pids.add(int(pm.group(1)))
-            elif m:
-                pids.add(int(m.group("pid")))
-        elif body.startswith(f"{PLUGIN}: disabled"):
-            f.disabled_lines += 1
-    f.applied_pids = sorted(pids)
-    return f
-
-
-@dataclass
-class ProbeSummary:
-    processes: list[dict[str, Any]]
-    scheduler_pids: list[int]
-    scheduler_calls: int  # calls of PROBE_FUNC in scheduler processes
-    total_calls: int  # calls of PROBE_FUNC in every process
-    mechanisms: list[str]
-    #: Calls per probed function name in the scheduler processes (``SMOKE_PROBE_FUNCS`` may
-    #: name more functions than PROBE_FUNC, e.g. the PD-decode cases' ``process_prebuilt``).
-    scheduler_calls_by_name: dict[str, int] = field(default_factory=dict)
-
-
-def _probe_calls(record: dict[str, Any], name: str = PROBE_FUNC) -> int:
-    """Calls of ``name`` in one probe record (records without ``by_name`` probed only it)."""
-    by_name = record.get("by_name")
-    return int(by_name.get(name, 0)) if isinstance(by_name, dict) else int(record.get("total", 0))
-
-
-def summarize_probe(records: Iterable[dict[str, Any]]) -> ProbeSummary:
-    procs = []
-    for r in records:
-        procs.append(
-            {
-                "pid": r.get("pid"),
-                "proctitle": r.get("proctitle"),
-                "argv": r.get("argv"),
-                "calls": _probe_calls(r),
-                "by_name": dict(r.get("by_name") or {}),
-                "by_qualname": r.get("by_qualname", {}),
-                "mechanism": r.get("mechanism"),
-            }
-        )
-    procs.sort(key=lambda p: p["pid"] or 0)
-    sched = [p for p in procs if (p["proctitle"] or "").startswith(SCHEDULER_TITLE)]
-    by_name: dict[str, int] = {}
-    for p in sched:
-        for name, n in p["by_name"].items():
-            by_name[name] = by_name.get(name, 0) + int(n)
-    return ProbeSummary(
-        processes=procs,
-        scheduler_pids=[p["pid"] for p in sched],
-        scheduler_calls=sum(p["calls"] for p in sched),
-        total_calls=sum(p["calls"] for p in procs),
-        mechanisms=sorted({str(p["mechanism"]) for p in procs}),
-        scheduler_calls_by_name=by_name,
-    )
-
-
-def read_probe_dir(directory: Path) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted(directory.glob("probe-*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def read_sync_dir(directory: Path) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted(directory.glob("sync-*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 DECODE_MODE = "DECODE"
@@ -432,34 +272,6 @@ def format_sync_report(runs: dict[str, dict[str, Any]], max_sites: int = 12) -> 
     return lines
 
 
-_TRIM_KEEP = re.compile(
-    r"sglang_futuremap_patch|Traceback|Error|ERROR|CRITICAL|WARNING|Failed|FAILED|killed after|"
-    r"^worker |^engine kwargs|smoke-probe|^\s+File \"", re.M)
-
-
-def trim_log(text: str, max_lines: int = 60, tail: int = 15) -> str:
-    """The lines of a run log worth keeping in a summary: plugin lines, errors, warnings,
-    tracebacks and the worker's own lines (at most ``max_lines``), then the last ``tail``
-    lines."""
-    lines = text.splitlines()
-    if len(lines) <= max_lines + tail:
-        return "\n".join(ln[:400] for ln in lines)
-    kept = [ln for ln in lines if _TRIM_KEEP.search(ln)]
-    out = kept[:max_lines]
-    if len(kept) > max_lines:
-        out.append(f"... {len(kept) - max_lines} more matching lines")
-    out.append(f"--- last {min(tail, len(lines))} of {len(lines)} lines ---")
-    out.extend(lines[-tail:] if tail else [])
-    return "\n".join(ln[:400] for ln in out)
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-
 def evaluate(
     prompts: Sequence[Prompt],
     stock: dict[str, Any],
@@ -470,7 +282,7 @@ def evaluate(
     expect_zero_seq_lens_syncs: bool = False,
 ) -> tuple[list[Check], list[PromptResult]]:
     """All pass/fail decisions, from each run's dict: ``result`` (worker JSON or None),
-    ``returncode``, ``log`` (LogFindings), ``probe`` (ProbeSummary) and, with
+    ``returncode``, ``log`` (logs.LogFindings), ``probe`` (logs.ProbeSummary) and, with
     ``sync_probe``, ``sync`` (:func:`summarize_sync`)."""
     checks: list[Check] = []
     s_res, p_res = stock.get("result"), patched.get("result")
@@ -496,10 +308,10 @@ def evaluate(
                         f"{len(cyclic)}/{len(results)} outputs with tail period <= 2; distinct tokens per output "
                         f"{[r.distinct_tokens for r in results]}"))
 
-    s_log: LogFindings = stock["log"]
-    p_log: LogFindings = patched["log"]
-    s_probe: ProbeSummary = stock["probe"]
-    p_probe: ProbeSummary = patched["probe"]
+    s_log: logs.LogFindings = stock["log"]
+    p_log: logs.LogFindings = patched["log"]
+    s_probe: logs.ProbeSummary = stock["probe"]
+    p_probe: logs.ProbeSummary = patched["probe"]
 
     main_pid = (p_res or {}).get("pid")
     need = set(p_probe.scheduler_pids) | ({main_pid} if main_pid else set())
@@ -517,9 +329,10 @@ def evaluate(
     checks.append(Check("probe saw the scheduler processes", bool(s_probe.scheduler_pids) and bool(p_probe.scheduler_pids),
                         f"stock schedulers {s_probe.scheduler_pids}, patched schedulers {p_probe.scheduler_pids}; "
                         f"mechanisms {sorted(set(s_probe.mechanisms) | set(p_probe.mechanisms))}"))
-    checks.append(Check(f"stock scheduler calls {PROBE_FUNC}", s_probe.scheduler_calls > 0,
+    checks.append(Check(f"stock scheduler calls {child_env.PROBE_FUNC}", s_probe.scheduler_calls > 0,
                         f"{s_probe.scheduler_calls} calls"))
-    checks.append(Check(f"patched run never calls {PROBE_FUNC}", bool(p_probe.scheduler_pids) and p_probe.total_calls == 0,
+    checks.append(Check(f"patched run never calls {child_env.PROBE_FUNC}",
+                        bool(p_probe.scheduler_pids) and p_probe.total_calls == 0,
                         f"{p_probe.total_calls} calls in all processes ({p_probe.scheduler_calls} in schedulers)"))
     if sync_probe:
         for name, run in (("stock", stock), ("patched", patched)):
@@ -581,7 +394,7 @@ def engine_kwargs(target: str, draft: str, *, cuda_graph: bool, mem_fraction: fl
     pcg: bool | None = piecewise_cuda_graph
     if attention_backend == "default" and piecewise_cuda_graph:
         pcg = None
-    return ge.spec_engine_kwargs(target, draft, algorithm="STANDALONE", backend=attention_backend,
+    return engine_config.spec_engine_kwargs(target, draft, algorithm="STANDALONE", backend=attention_backend,
                                  cuda_graph=cuda_graph, pcg=pcg, mem_fraction=mem_fraction, seed=seed,
                                  cuda_graph_max_bs=cuda_graph_max_bs, pcg_max_tokens=PCG_MAX_TOKENS)
 
@@ -596,13 +409,13 @@ def worker_main(spec_path: Path) -> int:
     prompts = [Prompt(p["input_ids"], p["max_new_tokens"]) for p in spec["prompts"]]
     import sglang  # noqa: WPS433 (imported here: the parent never imports SGLang)
 
-    print(f"worker pid {os.getpid()} mode {os.environ.get(ENV_MODE)} sglang {getattr(sglang, '__version__', '?')}",
-          flush=True)
+    print(f"worker pid {os.getpid()} mode {os.environ.get(child_env.ENV_MODE)} "
+          f"sglang {getattr(sglang, '__version__', '?')}", flush=True)
     print("engine kwargs: " + json.dumps(spec["engine_kwargs"]), flush=True)
     t0 = time.perf_counter()
     engine = sglang.Engine(**spec["engine_kwargs"])
     startup = time.perf_counter() - t0
-    effective = ge.effective_config(engine)
+    effective = engine_config.effective_config(engine)
     print("effective: " + json.dumps(effective), flush=True)
     try:
         def params(n: int) -> dict[str, Any]:
@@ -624,7 +437,7 @@ def worker_main(spec_path: Path) -> int:
         n_tok = sum(len(o) for o in outputs)
         result = {
             "pid": os.getpid(),
-            "mode": os.environ.get(ENV_MODE),
+            "mode": os.environ.get(child_env.ENV_MODE),
             "sglang_version": getattr(sglang, "__version__", None),
             "startup_s": startup,
             "effective": effective,
@@ -649,31 +462,31 @@ def worker_main(spec_path: Path) -> int:
 
 def run_one(name: str, mode: str, spec: dict[str, Any], work: Path, log_dir: Path, timeout: float,
             log_config: Path | None, *, sync_probe: bool = False, seq_lens_sites: Sequence[str] | None = None,
-            ports: ge.PortBlock | None = None) -> dict[str, Any]:
+            ports: port_blocks.PortBlock | None = None) -> dict[str, Any]:
     """One Engine run (``ports``: its own port block, in its kwargs and environment)."""
     probe_dir = work / f"probe-{name}"
     probe_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     if ports is not None:
-        spec = dict(spec, engine_kwargs=ge.with_ports(spec["engine_kwargs"], ports))
-    print(f"== {name}: {ENV_MODE}={mode}, log {log_path}", flush=True)
-    env = subprocess_env(mode, probe_dir, log_config, sync_probe=sync_probe, seq_lens_sites=seq_lens_sites,
+        spec = dict(spec, engine_kwargs=port_blocks.with_ports(spec["engine_kwargs"], ports))
+    print(f"== {name}: {child_env.ENV_MODE}={mode}, log {log_path}", flush=True)
+    env = child_env.subprocess_env(mode, probe_dir, log_config, sync_probe=sync_probe, seq_lens_sites=seq_lens_sites,
                          ports=ports)
-    rc, wall, result, text = ge.run_worker(Path(__file__).resolve(), spec, work, name, log_path, env, timeout)
+    rc, wall, result, text = launch.run_worker(Path(__file__).resolve(), spec, work, name, log_path, env, timeout)
     print(f"   {name}: returncode {rc}, {wall:.1f} s", flush=True)
     return {
         "mode": mode,
         "returncode": rc,
         "wall_s": wall,
         "result": result,
-        "log": scan_log(text),
-        "probe": summarize_probe(read_probe_dir(probe_dir)),
-        "sync": summarize_sync(read_sync_dir(probe_dir)) if sync_probe else None,
+        "log": logs.scan_log(text),
+        "probe": logs.summarize_probe(logs.read_probe_dir(probe_dir)),
+        "sync": summarize_sync(logs.read_sync_records(probe_dir)) if sync_probe else None,
         "log_path": str(log_path),
         "ports": ports.as_dict() if ports is not None else None,
-        "error": ge.engine_error(rc, result, text),
-        "log_tail": ge.log_tail(text),
-        "config_label": ge.config_label((result or {}).get("effective"),
+        "error": launch.engine_error(rc, result, text),
+        "log_tail": logs.log_tail(text),
+        "config_label": engine_config.config_label((result or {}).get("effective"),
                                         requested_backend=spec["engine_kwargs"].get("attention_backend", "default"),
                                         log_text=text),
     }
@@ -684,7 +497,7 @@ def run_config(args: argparse.Namespace, seq_lens_sites: Sequence[str] | None) -
     return {
         "attention_backend": args.attention_backend,
         "piecewise_cuda_graph": args.piecewise_cuda_graph,
-        "fa3_needed": ge.needs_fa3(args.attention_backend),
+        "fa3_needed": child_env.needs_fa3(args.attention_backend),
         "cuda_graph": args.cuda_graph,
         "sync_probe": args.sync_probe,
         "expect_zero_seq_lens_syncs": args.expect_zero_seq_lens_syncs,
@@ -706,7 +519,7 @@ def resolve_models(args: argparse.Namespace, work: Path) -> tuple[str, str]:
         return str(args.target), str(args.draft)
     if args.models:
         return str(args.models / "target"), str(args.models / "draft")
-    dirs = ge.build_tiny_models(work / "models")
+    dirs = model_factory.build_tiny_models(work / "models")
     return str(dirs["target"]), str(dirs["draft"])
 
 
@@ -747,7 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "resolve_seq_lens_cpu,filter_batch,merge_batch,prepare_for_decode,maybe_wait_verify_done)")
     p.add_argument("--seed", type=int, default=20251122, help="workload seed")
     p.add_argument("--patched-mode", default="strict", choices=["strict", "safe"],
-                   help=f"{ENV_MODE} value for the patched run (default strict)")
+                   help=f"{child_env.ENV_MODE} value for the patched run (default strict)")
     p.add_argument("--timeout", type=float, default=240.0,
                    help="seconds per run before it is killed (default 240: two runs fit a 10-minute budget)")
     p.add_argument("--max-cyclic-fraction", type=float, default=0.5,
@@ -820,19 +633,20 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
     args.log_dir.mkdir(parents=True, exist_ok=True)
     try:
-        fa3 = ge.fa3_available()
-        environment = {"fa3": fa3, "gpu": ge.gpu_name()}
-        print(ge.fa3_line(fa3), flush=True)
+        fa3 = child_env.fa3_available()
+        environment = {"fa3": fa3, "gpu": child_env.gpu_name()}
+        print(child_env.fa3_line(fa3), flush=True)
         config = run_config(args, seq_lens_sites)
         print("config: " + json.dumps(config), flush=True)
         if config["fa3_needed"] and not fa3:
-            print(f"SMOKE SKIPPED ({ge.NO_FA3}): attention backend {args.attention_backend} needs FA3", flush=True)
+            print(f"SMOKE SKIPPED ({child_env.NO_FA3}): attention backend {args.attention_backend} needs FA3",
+                  flush=True)
             if args.out_json:
                 args.out_json.parent.mkdir(parents=True, exist_ok=True)
                 args.out_json.write_text(json.dumps(run_doc("skipped", config, environment, {}), indent=1))
             return 0
         target, draft = resolve_models(args, work)
-        vocab = json.loads((Path(target) / "config.json").read_text()).get("vocab_size", 4096)
+        vocab = model_factory.model_config(target).get("vocab_size", 4096)
         prompts = make_workload(args.num_prompts, vocab, args.seed, args.max_new_tokens)
         kw = engine_kwargs(target, draft, cuda_graph=args.cuda_graph, mem_fraction=args.mem_fraction, seed=0,
                            attention_backend=args.attention_backend, piecewise_cuda_graph=args.piecewise_cuda_graph)
@@ -841,9 +655,9 @@ def main(argv: list[str] | None = None) -> int:
                 "batch_concurrency": args.batch_concurrency}
         log_config: Path | None = None
         if not args.no_log_config:
-            log_config = ge.write_logging_config(work / "logging.json")
+            log_config = logs.write_logging_config(work / "logging.json")
 
-        ports = ge.PortAllocator()
+        ports = port_blocks.PortAllocator()
         runs: dict[str, dict[str, Any]] = {}
         for name, mode in RUNS:
             mode = args.patched_mode if name == "patched" else mode
@@ -877,22 +691,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _exit_worker(code: int) -> None:
-    """Leave the worker without risking a hang in interpreter shutdown: run the atexit
-    handlers (the probe's final flush among them) for at most 15 s, then ``os._exit``."""
-    import atexit
-    import threading
-
-    t = threading.Thread(target=atexit._run_exitfuncs, daemon=True)  # noqa: SLF001
-    t.start()
-    t.join(15)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
     _rc = main()
     if "--worker" in sys.argv:
-        _exit_worker(_rc)
+        launch.exit_worker(_rc)
     sys.exit(_rc)

@@ -24,11 +24,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import gpu_smoke as gs  # noqa: E402
+from gpu_harness import child_env, logs, model_factory  # noqa: E402
 
-sys.path.insert(0, str(gs.PROBE_DIR))
-import smoke_sync_probe as ssp  # noqa: E402  (the module only; nothing is installed by importing it)
-
-sys.path.remove(str(gs.PROBE_DIR))
+ssp = child_env.probe_module("smoke_sync_probe")  # the module only; nothing is installed by importing it
 
 FAILURES: list[str] = []
 
@@ -65,7 +63,7 @@ def test_pure() -> None:
         [2026-01-01 00:00:01 INFO pid=10]   - futuremap -> sglang_futuremap_patch._plugin:register
         [2026-01-01 00:00:02 INFO pid=11] Executed general plugin: futuremap
         """)
-    f = gs.scan_log(log)
+    f = logs.scan_log(log)
     expect(f.applied_pids == [10, 11] and f.applied_lines == 2 and not f.bad_lines, "scan_log: applied lines, pids")
     bad = log + textwrap.dedent("""\
         [2026-01-01 00:00:03 WARNING pid=11] sglang_futuremap_patch: skipped, SGLang x left untouched: y
@@ -75,12 +73,12 @@ def test_pure() -> None:
         [2026-01-01 00:00:04] sglang_futuremap_patch: skipped, SGLang x left untouched: y
         [2026-01-01 00:00:05 ERROR pid=11] hook sglang_futuremap_patch.backports.x raised
         """)
-    f = gs.scan_log(bad)
+    f = logs.scan_log(bad)
     expect(len(f.bad_lines) == 6, f"scan_log: 6 bad lines (got {len(f.bad_lines)})")
-    f = gs.scan_log("[t INFO pid=3] sglang_futuremap_patch: disabled by SGLANG_FUTUREMAP_PATCH=off; x\n")
+    f = logs.scan_log("[t INFO pid=3] sglang_futuremap_patch: disabled by SGLANG_FUTUREMAP_PATCH=off; x\n")
     expect(f.disabled_lines == 1 and f.applied_lines == 0 and not f.bad_lines, "scan_log: disabled line")
 
-    probe = gs.summarize_probe([
+    probe = logs.summarize_probe([
         {"pid": 2, "proctitle": "sglang::scheduler_TP0", "total": 5, "mechanism": "m"},
         {"pid": 1, "proctitle": None, "total": 1, "mechanism": "m"},
         {"pid": 3, "proctitle": "sglang::detokenizer", "total": 0, "mechanism": "m"},
@@ -99,8 +97,8 @@ def test_pure() -> None:
         return {
             "returncode": 0,
             "result": {"pid": 1, "outputs": outputs},
-            "log": gs.scan_log(text),
-            "probe": gs.summarize_probe([{"pid": 2, "proctitle": "sglang::scheduler_TP0", "total": calls}]),
+            "log": logs.scan_log(text),
+            "probe": logs.summarize_probe([{"pid": 2, "proctitle": "sglang::scheduler_TP0", "total": calls}]),
         }
 
     checks, _ = gs.evaluate(prompts, run("off", outs, 10), run("strict", outs, 0))
@@ -109,8 +107,8 @@ def test_pure() -> None:
     changed[1][3] += 1
     for label, stock, patched, failing in [
         ("mismatch", run("off", outs, 10), run("strict", changed, 0), "outputs identical"),
-        ("patched calls", run("off", outs, 10), run("strict", outs, 3), f"patched run never calls {gs.PROBE_FUNC}"),
-        ("stock no calls", run("off", outs, 0), run("strict", outs, 0), f"stock scheduler calls {gs.PROBE_FUNC}"),
+        ("patched calls", run("off", outs, 10), run("strict", outs, 3), f"patched run never calls {child_env.PROBE_FUNC}"),
+        ("stock no calls", run("off", outs, 0), run("strict", outs, 0), f"stock scheduler calls {child_env.PROBE_FUNC}"),
         ("scheduler not applied", run("off", outs, 10), run("strict", outs, 0, applied=False),
          "patched log: applied in every process"),
         ("cyclic", run("off", [[1, 2] * (p.max_new_tokens // 2) for p in prompts], 10),
@@ -142,8 +140,8 @@ def test_pure() -> None:
     w2 = gs.make_workload(16, 4096, max_new_tokens=200)
     expect([p.input_ids for p in w2] == [p.input_ids for p in w] and {p.max_new_tokens for p in w2} == {200},
            "make_workload: --max-new-tokens keeps the prompts, overrides the budgets")
-    env = gs.subprocess_env("off", Path("/x"), None)
-    env_on = gs.subprocess_env("off", Path("/x"), None, sync_probe=True, seq_lens_sites=["a", "b"])
+    env = child_env.subprocess_env("off", Path("/x"), None)
+    env_on = child_env.subprocess_env("off", Path("/x"), None, sync_probe=True, seq_lens_sites=["a", "b"])
     expect("SMOKE_SYNC_PROBE" not in env and env_on["SMOKE_SYNC_PROBE"] == "1"
            and env_on["SMOKE_SYNC_SEQ_LENS_SITES"] == "a,b", "sync probe env only with --sync-probe")
 
@@ -151,7 +149,7 @@ def test_pure() -> None:
                     + ["[t INFO pid=1] sglang_futuremap_patch: applied x", "Traceback (most recent call last):",
                        '  File "/x/y.py", line 3, in f', "ValueError: boom"]
                     + [f"[t INFO pid=1] tail {i}" for i in range(30)])
-    t = gs.trim_log(log, max_lines=10, tail=5)
+    t = logs.trim_log(log, max_lines=10, tail=5)
     tl = t.splitlines()
     expect("sglang_futuremap_patch: applied x" in t and "ValueError: boom" in t and '  File "/x/y.py"' in t
            and "line 7" not in t and tl[-1].endswith("tail 29") and len(tl) == 4 + 1 + 5, "trim_log")
@@ -283,8 +281,8 @@ def test_sync_pure() -> None:
     def run(mode, calls, sync):
         text = ("[t INFO pid=1] sglang_futuremap_patch: disabled by X=off\n" if mode == "off" else
                 "".join(f"[t INFO pid={p}] sglang_futuremap_patch: applied 3 [pid {p}]\n" for p in (1, 2)))
-        return {"returncode": 0, "result": {"pid": 1, "outputs": outs}, "log": gs.scan_log(text), "sync": sync,
-                "probe": gs.summarize_probe([{"pid": 2, "proctitle": "sglang::scheduler_TP0", "total": calls}])}
+        return {"returncode": 0, "result": {"pid": 1, "outputs": outs}, "log": logs.scan_log(text), "sync": sync,
+                "probe": logs.summarize_probe([{"pid": 2, "proctitle": "sglang::scheduler_TP0", "total": calls}])}
 
     for label, p_sync, s_sync, flags, failing in [
         ("probe on, report only", patched, stock, {"sync_probe": True}, []),
@@ -329,9 +327,9 @@ def test_probe(tmp: Path) -> None:
     script = tmp / "dummy.py"
     script.write_text(DUMMY)
     out = tmp / "probe-out"
-    env = dict(os.environ, SMOKE_PROBE_DIR=str(out), PYTHONPATH=str(gs.PROBE_DIR))
+    env = dict(os.environ, SMOKE_PROBE_DIR=str(out), PYTHONPATH=str(child_env.PROBE_DIR))
     subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=60)
-    recs = gs.read_probe_dir(out)
+    recs = logs.read_probe_dir(out)
     totals = sorted(r["total"] for r in recs)
     expect(4 in totals and 7 in totals, f"probe counts main (4) and SIGKILLed spawned child (7): {totals}")
     expect(all(r["mechanism"] != "none" for r in recs), f"probe mechanism {sorted({r['mechanism'] for r in recs})}")
@@ -374,9 +372,9 @@ def test_probe_monitoring_branch(tmp: Path) -> None:
     out = tmp / "probe-mon"
     env = dict(os.environ, SMOKE_PROBE_DIR=str(out))
     env.pop("PYTHONPATH", None)
-    r = subprocess.run([sys.executable, str(script), str(gs.PROBE_DIR / "sitecustomize.py")], env=env, timeout=60,
+    r = subprocess.run([sys.executable, str(script), str(child_env.PROBE_DIR / "sitecustomize.py")], env=env, timeout=60,
                        capture_output=True, text=True)
-    recs = gs.read_probe_dir(out)
+    recs = logs.read_probe_dir(out)
     expect(r.returncode == 0 and [x["total"] for x in recs] == [3] and recs[0]["mechanism"] == "sys.monitoring:3",
            "monitoring branch counts 3 calls with tool id 3 (4 taken, 2 left for cProfile)"
            + ("" if r.returncode == 0 and recs else f" (rc {r.returncode}, {recs}, {r.stderr[-300:]})"))
@@ -513,10 +511,10 @@ def test_sync_probe(tmp: Path) -> None:
     for py, torch_ok in pythons:
         out = tmp / f"sync-out-{len(os.listdir(tmp))}"
         env = dict(os.environ, SMOKE_PROBE_DIR=str(out), SMOKE_SYNC_PROBE="1", SMOKE_SYNC_PROBE_ALL_DEVICES="1",
-                   PYTHONPATH=str(gs.PROBE_DIR), SMOKE_PROBE_FLUSH_S="0.2")
+                   PYTHONPATH=str(child_env.PROBE_DIR), SMOKE_PROBE_FLUSH_S="0.2")
         r = subprocess.run([py, str(root / "main.py")], env=env, timeout=120, capture_output=True, text=True)
-        recs = gs.read_sync_dir(out)
-        tag = f"[{os.path.basename(py)} {'sys.monitoring' if 'sys.monitoring' in json.dumps(gs.read_probe_dir(out)) else 'setprofile'}]"
+        recs = logs.read_sync_records(out)
+        tag = f"[{os.path.basename(py)} {'sys.monitoring' if 'sys.monitoring' in json.dumps(logs.read_probe_dir(out)) else 'setprofile'}]"
         if torch_ok is None:
             torch_ok = not any("torch not importable" in e for rec in recs for e in rec.get("errors", []))
         expect(r.returncode == 0 and len(recs) == 1, f"{tag} one sync record, from the scheduler child only "
@@ -549,10 +547,10 @@ def test_sync_probe(tmp: Path) -> None:
         expect(not sy["errors"] and "cuda.Event.synchronize" in sy["wrapped"] and "Tensor.item" in sy["wrapped"],
                f"{tag} wrapped {sy['wrapped']}, errors {sy['errors']}")
     out = tmp / "sync-off"
-    env = dict(os.environ, SMOKE_PROBE_DIR=str(out), PYTHONPATH=str(gs.PROBE_DIR), SYNC_NO_TORCH="1")
+    env = dict(os.environ, SMOKE_PROBE_DIR=str(out), PYTHONPATH=str(child_env.PROBE_DIR), SYNC_NO_TORCH="1")
     env.pop("SMOKE_SYNC_PROBE", None)
     subprocess.run([sys.executable, str(root / "main.py")], env=env, timeout=120, check=True, capture_output=True)
-    expect(not gs.read_sync_dir(out) and "smoke_sync_probe" not in json.dumps(gs.read_probe_dir(out)),
+    expect(not logs.read_sync_records(out) and "smoke_sync_probe" not in json.dumps(logs.read_probe_dir(out)),
            "sync probe inactive without SMOKE_SYNC_PROBE=1")
 
 
@@ -564,11 +562,10 @@ def test_models(tmp: Path) -> None:
     except ImportError:
         print("  (skipped: torch/safetensors not installed)")
         return
-    import make_tiny_models as mtm
-
-    t, d = mtm.make_models(tmp / "models", hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2,
-                           head_dim=16, vocab_size=256)
-    expect(not mtm.check_model_dir(t) and not mtm.check_model_dir(d), "small models: names/shapes/dtype")
+    t, d = model_factory.make_models(tmp / "models", hidden_size=64, intermediate_size=128, num_heads=4,
+                                     num_kv_heads=2, head_dim=16, vocab_size=256)
+    expect(not model_factory.check_model_dir(t) and not model_factory.check_model_dir(d),
+           "small models: names/shapes/dtype")
     from safetensors.torch import load_file
 
     tw, dw = load_file(str(t / "model.safetensors")), load_file(str(d / "model.safetensors"))
@@ -675,18 +672,18 @@ def test_orchestration(tmp: Path) -> None:
     try:
         for bad in (False, True):
             os.environ["FAKE_BAD"] = "1" if bad else "0"
-            logs = tmp / f"logs-{int(bad)}"
-            out_json = logs / "smoke.json"
-            rc = gs.main(["--target", str(model), "--draft", str(model), "--log-dir", str(logs),
+            log_dir = tmp / f"logs-{int(bad)}"
+            out_json = log_dir / "smoke.json"
+            rc = gs.main(["--target", str(model), "--draft", str(model), "--log-dir", str(log_dir),
                           "--out-json", str(out_json), "--timeout", "60"])
             doc = json.loads(out_json.read_text())
             failed = sorted(c["name"] for c in doc["checks"] if not c["ok"])
             if not bad:
                 expect(rc == 0 and doc["passed"], f"good fake run passes (rc {rc}, failed {failed})")
-                expect(sorted(p.name for p in logs.iterdir()) == ["patched.log", "smoke.json", "stock.log"],
+                expect(sorted(p.name for p in log_dir.iterdir()) == ["patched.log", "smoke.json", "stock.log"],
                        "files written: patched.log, smoke.json, stock.log")
             else:
-                want = sorted(["outputs identical", f"patched run never calls {gs.PROBE_FUNC}"])
+                want = sorted(["outputs identical", f"patched run never calls {child_env.PROBE_FUNC}"])
                 expect(rc == 1 and failed == want, f"bad fake run fails exactly {want} (rc {rc}, failed {failed})")
         try:
             import torch  # noqa: F401
@@ -696,9 +693,9 @@ def test_orchestration(tmp: Path) -> None:
         os.environ["SMOKE_SYNC_PROBE_ALL_DEVICES"] = "1"  # the fake "syncs" are on CPU tensors
         for bad in (False, True):
             os.environ["FAKE_BAD"] = "1" if bad else "0"
-            logs = tmp / f"logs-sync-{int(bad)}"
-            out_json = logs / "smoke.json"
-            rc = gs.main(["--target", str(model), "--draft", str(model), "--log-dir", str(logs), "--num-prompts", "4",
+            log_dir = tmp / f"logs-sync-{int(bad)}"
+            out_json = log_dir / "smoke.json"
+            rc = gs.main(["--target", str(model), "--draft", str(model), "--log-dir", str(log_dir), "--num-prompts", "4",
                           "--batch-concurrency", "3", "--out-json", str(out_json), "--timeout", "60", "--sync-probe",
                           "--expect-zero-seq-lens-syncs"])
             doc = json.loads(out_json.read_text())
@@ -715,10 +712,10 @@ def test_orchestration(tmp: Path) -> None:
                        and pa["decode"]["per_iteration"]["seq_lens_syncs"] == 0.0,
                        f"sync-probe fake run: stock 2 syncs (1 seq_lens) per decode iteration, patched 1 (0) "
                        f"({st['decode']['per_iteration']}, {pa['decode']['per_iteration']}, {st['decode_iterations']} it)")
-                summary = (logs / "stock.log").read_text()
+                summary = (log_dir / "stock.log").read_text()
                 expect("smoke-probe" not in summary, "no probe errors in the worker log")
             else:
-                want = sorted(["outputs identical", f"patched run never calls {gs.PROBE_FUNC}",
+                want = sorted(["outputs identical", f"patched run never calls {child_env.PROBE_FUNC}",
                                "patched: 0 seq_lens syncs per decode iteration"])
                 expect(rc == 1 and failed == want, f"bad sync-probe fake run fails exactly {want} (failed {failed})")
     finally:

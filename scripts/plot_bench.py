@@ -167,9 +167,6 @@ def specs_line(merged: dict[str, Any]) -> str:
     return ", ".join(f"{bench.spec_label(x)} ({'tree' if bench.is_tree(x) else 'chain'})" for x in specs) or "-"
 
 
-HEADER = header(False)
-
-
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]

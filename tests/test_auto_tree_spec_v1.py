@@ -26,7 +26,7 @@ def models(tmp_path_factory) -> dict[str, str]:
 
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        from make_tiny_models import eagle3_config, llama_config
+        from gpu_harness.model_factory import eagle3_config, llama_config
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     out = tmp_path_factory.mktemp("models")

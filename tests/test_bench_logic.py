@@ -20,8 +20,8 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import bench_spec_v2 as bench  # noqa: E402
-import gpu_engine as ge  # noqa: E402
 import plot_bench  # noqa: E402
+from gpu_harness import child_env, launch, model_factory  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -100,13 +100,13 @@ def test_prompts_fixed_and_fresh():
 
 
 def test_engine_kwargs_backends(tmp_path):
-    t, d = bench.write_model_dirs("8b", tmp_path)
+    t, d = model_factory.write_model_dirs("8b", tmp_path)
     tc = json.loads(Path(t, "config.json").read_text())
     dc = json.loads(Path(d, "config.json").read_text())
     assert (tc["hidden_size"], tc["intermediate_size"], tc["num_hidden_layers"]) == (4096, 14336, 32)
     assert (tc["num_attention_heads"], tc["num_key_value_heads"], tc["vocab_size"]) == (32, 8, 32000)
     assert dc["num_hidden_layers"] == 1 and dc["hidden_size"] == 4096
-    t2, d2 = bench.write_model_dirs("tiny", tmp_path)
+    t2, d2 = model_factory.write_model_dirs("tiny", tmp_path)
     assert t2 == d2  # draft = target
     nopcg = bench.engine_kwargs("8b", "triton-nopcg", t, d, [48, 1, 4, 16])
     pcg = bench.engine_kwargs("8b", "triton-pcg", t, d, [1, 4], pcg_max_tokens=512)
@@ -123,15 +123,15 @@ def test_plan_alternates():
     plan = bench.plan_runs(3, probe=True, profile=False)
     assert [(p, r) for p, r, _ in plan] == [("timed", 0), ("timed", 1), ("timed", 2), ("probe", 0)]
     assert all([(v.name, v.mode) for v in group] == [("stock", "off"), ("patched", "strict")] for _, _, group in plan)
-    assert bench.plan_runs(0, probe=False, profile=True) == [("timed", 0, [ge.STOCK, ge.PATCHED])]
-    three = ge.make_variants(["stock", "patched", "upstream"], upstream="/x/site-0513")
+    assert bench.plan_runs(0, probe=False, profile=True) == [("timed", 0, [child_env.STOCK, child_env.PATCHED])]
+    three = child_env.make_variants(["stock", "patched", "upstream"], upstream="/x/site-0513")
     plan = bench.plan_runs(1, probe=True, profile=False, variants=three)
     assert all([v.name for v in group] == ["stock", "patched", "upstream"] for _, _, group in plan)
-    assert plan[0][2][2] == ge.Variant("upstream", "off", "/x/site-0513")
+    assert plan[0][2][2] == child_env.Variant("upstream", "off", "/x/site-0513")
 
 
 def test_new_backends_and_the_long_context_model(tmp_path):
-    t, d = bench.write_model_dirs("8b", tmp_path, bench.context_needed(8192, 256, 32, 128))
+    t, d = model_factory.write_model_dirs("8b", tmp_path, bench.context_needed(8192, 256, 32, 128))
     assert json.loads(Path(t, "config.json").read_text())["max_position_embeddings"] == 16384
     assert json.loads(Path(d, "config.json").read_text())["max_position_embeddings"] == 16384
     assert bench.context_needed(64, 256, 32, 128) == 4096  # the usual rows keep the model as it was
@@ -144,7 +144,7 @@ def test_new_backends_and_the_long_context_model(tmp_path):
     nopcg = bench.engine_kwargs("8b", "fa3-nopcg", t, d, [8])
     assert nopcg["disable_piecewise_cuda_graph"] is True and "piecewise_cuda_graph_max_tokens" not in nopcg
     assert "piecewise_cuda_graph_max_tokens" not in bench.engine_kwargs("8b", "triton-pcg", t, d, [8])
-    assert [b for b in bench.BACKENDS if bench.needs_fa3(b)] == ["default", "fa3-pcg", "fa3-nopcg"]
+    assert [b for b in bench.BACKENDS if bench.backend_needs_fa3(b)] == ["default", "fa3-pcg", "fa3-nopcg"]
     long_case = bench.get_case(bench.new_doc("x", {}), "8b", "default", 8192)
     assert bench.case_name(long_case) == "8b/default prompt 8192"
 
@@ -495,7 +495,7 @@ def _fake_bench(tmp_path, fake_site, *extra, rc=0, env_extra=None):
     pytest.importorskip("setproctitle")
     out = tmp_path / "res" / "bench.json"
     env = dict(os.environ, **(env_extra or {}))
-    env.setdefault(ge.FA3_ENV, "0")
+    env.setdefault(child_env.FA3_ENV, "0")
     env["PYTHONPATH"] = os.pathsep.join([str(fake_site)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     cmd = [sys.executable, str(SCRIPTS / "bench_spec_v2.py"), "--model", "tiny", "--backend", "triton-nopcg",
            "--batch-sizes", "1,4", "--max-new-tokens", "33", "--warmup-new-tokens", "5", "--out", str(out),
@@ -568,7 +568,7 @@ def _upstream_site(fake_site, root):
 
 
 def test_end_to_end_upstream_variant_and_default_backend(tmp_path, fake_site, monkeypatch):
-    monkeypatch.setenv(ge.FA3_ENV, "1")
+    monkeypatch.setenv(child_env.FA3_ENV, "1")
     site = _upstream_site(fake_site, tmp_path)
     p, out, doc = _fake_bench(tmp_path, fake_site, "--backend", "default", "--reps", "1", "--no-probe",
                               "--variants", "stock,patched,upstream", "--upstream-site", str(site))
@@ -607,11 +607,11 @@ def test_an_engine_that_did_not_start_is_a_harness_error(tmp_path, monkeypatch):
         log_path.write_text("Traceback (most recent call last):\nRuntimeError: EADDRINUSE\n")
         return 1, 2.0, None, log_path.read_text()
 
-    monkeypatch.setattr(ge, "run_worker", fake_worker)
+    monkeypatch.setattr(launch, "run_worker", fake_worker)
     case = bench.get_case(bench.new_doc("x", {}), "tiny", "default")
     spec = {"engine_kwargs": {"model_path": "m"}, "profile_batch_sizes": [], "gpu_release_s": 0}
-    run = bench.run_engine(case=case, variant=ge.STOCK, pass_="timed", rep=0, spec=spec, work=tmp_path,
-                           log_dir=tmp_path, timeout=5, log_config=tmp_path / "log.json", sync_site=None)
+    run = bench.run_engine(case=case, variant=child_env.STOCK, pass_="timed", rep=0, spec=spec, work=tmp_path,
+                           log_dir=tmp_path, timeout=5, log_config=tmp_path / "log.json")
     assert run["error"] == "exit status 1; no result" and not run["valid"] and "EADDRINUSE" in run["log_tail"]
     assert run["ports"]["nccl_port"] == run["ports"]["base"] + 2
     case["runs"].append(run)
@@ -648,7 +648,7 @@ def test_end_to_end_host_profile(tmp_path, fake_site):
 
 
 def test_host_profile_diff_and_per_iteration():
-    hp = bench.host_profile_module()
+    hp = child_env.probe_module("host_profile")
     rows = [{"func": "a.py:1(f)", "name": "f", "calls": 20, "tottime_s": 0.002, "cumtime_s": 0.004},
             {"func": "a.py:9(g)", "name": "g", "calls": 10, "tottime_s": 0.001, "cumtime_s": 0.001}]
     per = hp.per_iteration(rows, 10)
@@ -678,7 +678,7 @@ def test_host_profiler_in_process(tmp_path):
     import gc
     import time
 
-    hp = bench.host_profile_module()
+    hp = child_env.probe_module("host_profile")
 
     class FM:
         def __init__(self, name):
@@ -818,7 +818,7 @@ def test_spec_cases_labels_kwargs_and_merging(tmp_path):
     chain = bench.get_case(doc, "8b", "flashinfer", 64)
     assert tree is not chain and tree["spec"] == [3, 4, 16] and chain["spec"] == [3, 1, 4]
     assert bench.get_case(doc, "8b", "flashinfer", 64, [3, 4, 16]) is tree and len(doc["cases"]) == 2
-    t, d = bench.write_model_dirs("8b", tmp_path)
+    t, d = model_factory.write_model_dirs("8b", tmp_path)
     kw = bench.engine_kwargs("8b", "flashinfer", t, d, [1, 48], spec=(5, 4, 8))
     assert (kw["speculative_num_steps"], kw["speculative_eagle_topk"], kw["speculative_num_draft_tokens"]) == (5, 4, 8)
     assert kw["attention_backend"] == "flashinfer" and kw["speculative_algorithm"] == "STANDALONE"

@@ -19,14 +19,13 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import gpu_e2e as e2e  # noqa: E402
-import gpu_engine as ge  # noqa: E402
-import gpu_smoke as smoke  # noqa: E402
+from gpu_harness import child_env, launch, logs, model_factory, port_blocks  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _no_fa3_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """run_cases asks whether FA3 imports unless told: here it is told, or finds "no"."""
-    monkeypatch.setenv(ge.FA3_ENV, "0")
+    monkeypatch.setenv(child_env.FA3_ENV, "0")
 
 
 # ----------------------------------------------------------------------------- cases, workloads
@@ -164,8 +163,8 @@ def test_memory_growth() -> None:
 
 def _fake_run(result: dict[str, Any] | None, *, applied=(), disabled=0, sched=(11,), calls=0, rc=0, retract=0,
               error=None):
-    log = smoke.LogFindings(applied_pids=list(applied), applied_lines=len(applied), disabled_lines=disabled)
-    probe = smoke.ProbeSummary([], list(sched), calls, calls, ["settrace"])
+    log = logs.LogFindings(applied_pids=list(applied), applied_lines=len(applied), disabled_lines=disabled)
+    probe = logs.ProbeSummary([], list(sched), calls, calls, ["settrace"])
     return {"returncode": rc, "wall_s": 1.0, "result": result, "log": log, "probe": probe, "retract_lines": retract,
             "error": error, "log_tail": "boom" if error else None}
 
@@ -478,7 +477,8 @@ def test_http_scenarios_against_a_stand_in_server() -> None:
 
 
 def test_a_mismatch_counts_only_where_stock_reproduces_itself() -> None:
-    sc = {"name": "bs7", "kind": "batch", "sampling_params": [e2e._greedy(3)] * 3}
+    greedy = {"temperature": 0.0, "max_new_tokens": 3, "ignore_eos": True}
+    sc = {"name": "bs7", "kind": "batch", "sampling_params": [greedy] * 3}
     s1 = [_rec([5, 6, 7]), _rec([8, 9, 10]), _rec([1, 2, 3])]
     s2 = [_rec([5, 6, 7]), _rec([8, 9, 11]), _rec([1, 2, 3])]  # stock flips request 1 by itself
 
@@ -562,13 +562,13 @@ def test_every_engine_of_a_run_gets_ports_no_other_engine_uses(tmp_path: Path,
     blocks = []
     for (name, mode), (kw, ports) in seen.items():
         assert (kw["port"], kw["nccl_port"]) == (ports["port"], ports["nccl_port"]), (name, mode)
-        blocks.append(set(range(ports["base"], ports["base"] + ge.PORT_BLOCK)))
+        blocks.append(set(range(ports["base"], ports["base"] + port_blocks.PORT_BLOCK)))
         assert {kw["port"], kw["nccl_port"], ports["sglang_port"]} <= blocks[-1]
     assert sum(len(b) for b in blocks) == len(set().union(*blocks))  # pairwise disjoint
     http = seen[("http-eagle3-triton-graph-nopcg", "stock")][0]
     argv = e2e.server_argv(http, http["port"])
     assert argv.count("--port") == 1 and argv[-1] == str(http["port"]) and "--nccl-port" in argv
-    assert http["port"] + ge.GRPC_OFFSET <= 65535  # SGLang checks its derived gRPC port at start-up
+    assert http["port"] + port_blocks.GRPC_OFFSET <= 65535  # SGLang checks its derived gRPC port at start-up
 
 
 def test_an_engine_that_did_not_start_is_a_harness_error_not_a_mismatch(tmp_path: Path,
@@ -582,10 +582,10 @@ def test_an_engine_that_did_not_start_is_a_harness_error_not_a_mismatch(tmp_path
             return 1, 3.0, None, "Traceback...\ntorch.distributed.DistStoreError: EADDRINUSE\n"
         if name == "eagle3-triton-graph-nopcg-patched":
             part = dict(full, scenarios={names[0]: full["scenarios"][names[0]]})
-            return -9, 30.0, part, f"scenario bs1: ok\n[gpu_e2e] {name} {ge.KILLED_AT_LIMIT} 30 s\n"
+            return -9, 30.0, part, f"scenario bs1: ok\n[gpu_e2e] {name} {launch.KILLED_AT_LIMIT} 30 s\n"
         return 0, 5.0, full, ""
 
-    monkeypatch.setattr(ge, "run_worker", fake_worker)
+    monkeypatch.setattr(launch, "run_worker", fake_worker)
     cases = e2e.select_cases(["retract-*", "eagle3-triton-graph-nopcg", "eagle3-triton-graph-pcg"])
     results = e2e.run_cases(cases, _models(tmp_path), tmp_path, jobs=4, timeout=1, stagger_s=0, soak_requests=10,
                             fa3=True)
@@ -597,7 +597,7 @@ def test_an_engine_that_did_not_start_is_a_harness_error_not_a_mismatch(tmp_path
     assert by["eagle3-triton-graph-pcg"].status != "error"  # both ran to the end: judged on its checks
     summaries = [e2e.case_summary(r) for r in results]
     report = e2e.format_report(summaries, fa3=False)
-    assert report.startswith(ge.fa3_line(False))
+    assert report.startswith(child_env.fa3_line(False))
     assert "ERROR   retract-standalone-triton: harness error, no comparison made" in report
     assert "      | torch.distributed.DistStoreError: EADDRINUSE" in report
     assert "outputs identical" not in report.split("ERROR   eagle3-triton-graph-nopcg")[1].split("\n")[1]
@@ -623,13 +623,13 @@ def test_cases_that_need_fa3_are_skipped_without_it(tmp_path: Path, monkeypatch:
     assert set(ran) == {"page16-eagle3-triton"}
     skipped = {r.case.name: r.skipped for r in results if r.status == "skipped"}
     assert set(skipped) == {"default-standalone", "default-eagle3", "page16-standalone-fa3", "fa3-eagle3-graph-pcg"}
-    assert all(why.startswith(ge.NO_FA3) for why in skipped.values())
+    assert all(why.startswith(child_env.NO_FA3) for why in skipped.values())
     report = e2e.format_report([e2e.case_summary(r) for r in results], fa3=False)
     assert report.endswith("1/1 cases passed, 4 skipped (4 for no FA3)")
-    monkeypatch.setenv(ge.FA3_ENV, "1")
-    assert ge.fa3_available() is True
-    monkeypatch.setenv(ge.FA3_ENV, "0")
-    assert ge.fa3_available() is False
+    monkeypatch.setenv(child_env.FA3_ENV, "1")
+    assert child_env.fa3_available() is True
+    monkeypatch.setenv(child_env.FA3_ENV, "0")
+    assert child_env.fa3_available() is False
 
 
 def test_finish_kinds_and_the_eos_churn_request_mix() -> None:
@@ -677,7 +677,7 @@ def test_main_writes_the_record_after_every_case_and_says_whether_fa3_was_there(
         outs = [_rec([7] * p["max_new_tokens"]) for p in sc["sampling_params"]]
         return 0, 1.0, {"pid": 10, "startup_s": 1.0, "scenarios": {sc["name"]: {"outputs": outs}}}, ""
 
-    monkeypatch.setattr(ge, "run_worker", fake_worker)
+    monkeypatch.setattr(launch, "run_worker", fake_worker)
     models, out = _models(tmp_path / "m"), tmp_path / "out"
     seen: list[int] = []
     cases = e2e.select_cases(["retract-*", "default-*"])
@@ -810,17 +810,17 @@ def test_pd_checks_need_prebuilt_batches_merged_and_one_scheduler_per_gpu() -> N
 
 
 def test_probe_summary_counts_the_verify_wait_apart_from_other_probed_functions() -> None:
-    probe = smoke.summarize_probe([
+    probe = logs.summarize_probe([
         {"pid": 2, "proctitle": "sglang::scheduler_DP0_TP0", "total": 9, "mechanism": "m",
-         "by_name": {ge.PROBE_FUNC: 0, "process_prebuilt": 6, "merge_batch": 3}},
+         "by_name": {child_env.PROBE_FUNC: 0, "process_prebuilt": 6, "merge_batch": 3}},
         {"pid": 3, "proctitle": "sglang::scheduler_DP1_TP0", "total": 5, "mechanism": "m",
-         "by_name": {ge.PROBE_FUNC: 1, "process_prebuilt": 4, "merge_batch": 0}},
-        {"pid": 1, "proctitle": None, "total": 0, "mechanism": "m", "by_name": {ge.PROBE_FUNC: 0}},
+         "by_name": {child_env.PROBE_FUNC: 1, "process_prebuilt": 4, "merge_batch": 0}},
+        {"pid": 1, "proctitle": None, "total": 0, "mechanism": "m", "by_name": {child_env.PROBE_FUNC: 0}},
     ])
     assert probe.scheduler_pids == [2, 3] and probe.scheduler_calls == 1 and probe.total_calls == 1
-    assert probe.scheduler_calls_by_name == {ge.PROBE_FUNC: 1, "process_prebuilt": 10, "merge_batch": 3}
-    env = ge.subprocess_env("strict", Path("/nonexistent"), None, base={}, probe_funcs=e2e.PD_PROBE_FUNCS)
-    assert env["SMOKE_PROBE_FUNCS"] == ",".join((ge.PROBE_FUNC,) + e2e.PD_PROBE_FUNCS)
+    assert probe.scheduler_calls_by_name == {child_env.PROBE_FUNC: 1, "process_prebuilt": 10, "merge_batch": 3}
+    env = child_env.subprocess_env("strict", Path("/nonexistent"), None, base={}, probe_funcs=e2e.PD_PROBE_FUNCS)
+    assert env["SMOKE_PROBE_FUNCS"] == ",".join((child_env.PROBE_FUNC,) + e2e.PD_PROBE_FUNCS)
 
 
 def test_data_parallel_engines_leave_the_nccl_ports_to_sglang(tmp_path: Path,
@@ -833,10 +833,10 @@ def test_data_parallel_engines_leave_the_nccl_ports_to_sglang(tmp_path: Path,
 
     from sglang.srt.server_args import PortArgs
 
-    block = ge.PortAllocator().allocate("dp")
-    kw = ge.with_ports({"model_path": "m", "dp_size": 2}, block)
+    block = port_blocks.PortAllocator().allocate("dp")
+    kw = port_blocks.with_ports({"model_path": "m", "dp_size": 2}, block)
     assert kw["port"] == block.port and "nccl_port" not in kw
-    assert ge.with_ports({"model_path": "m", "dp_size": 1}, block)["nccl_port"] == block.nccl_port
+    assert port_blocks.with_ports({"model_path": "m", "dp_size": 1}, block)["nccl_port"] == block.nccl_port
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # PortArgs names IPC files there
 
@@ -885,20 +885,14 @@ def test_mtp_cases_run_the_mimov2_pair_with_and_without_cuda_graph(tmp_path: Pat
         else:
             assert kw["attention_backend"] == c.backend and kw["disable_piecewise_cuda_graph"] is (not c.pcg)
     # the directories the kwargs name are the ones the model factory writes
-    sys.path.insert(0, str(SCRIPTS))
-    from make_tiny_models import MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME
-
-    assert e2e.MODEL_DIRS["EAGLE"] == (MIMOV2_DIRNAME, MIMOV2_MTP_DIRNAME)
+    assert e2e.MODEL_DIRS["EAGLE"] == (model_factory.MIMOV2_DIRNAME, model_factory.MIMOV2_MTP_DIRNAME)
 
 
 def test_a_case_naming_its_models_runs_them_in_every_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``EAGLE`` alone is the MiMoV2 pair; the auto-tree EAGLE cases name the Llama target and
     its EAGLE-1 draft (``Case.models``), and every run of them (stock, patched, 0.5.13) gets
     those directories."""
-    sys.path.insert(0, str(SCRIPTS))
-    from make_tiny_models import EAGLE_DIRNAME, TARGET_DIRNAME
-
-    assert e2e.LLAMA_EAGLE == (TARGET_DIRNAME, EAGLE_DIRNAME)
+    assert e2e.LLAMA_EAGLE == (model_factory.TARGET_DIRNAME, model_factory.EAGLE_DIRNAME)
     named = {c.name: c for c in e2e.all_cases() if c.models}
     assert sorted(named) == ["tree-auto-eagle-default", "treev2-auto-eagle-default"]
     assert all(c.models == e2e.LLAMA_EAGLE and c.algorithm == "EAGLE" for c in named.values())
@@ -908,11 +902,11 @@ def test_a_case_naming_its_models_runs_them_in_every_run(tmp_path: Path, monkeyp
     def fake_run_engine(case, mode_name, mode, spec, work, timeout, log_config, site=None):
         kw = spec["engine_kwargs"]
         seen[mode_name] = (kw["model_path"], kw["speculative_draft_model_path"], kw["speculative_algorithm"])
-        return {"error": "stand-in", "log": smoke.scan_log("")}
+        return {"error": "stand-in", "log": logs.scan_log("")}
 
     monkeypatch.setattr(e2e, "run_engine", fake_run_engine)
-    monkeypatch.setattr(ge, "model_config", lambda path: {"vocab_size": 4096})
-    monkeypatch.setattr(ge, "eos_token_ids", lambda path: [2])
+    monkeypatch.setattr(model_factory, "model_config", lambda path: {"vocab_size": 4096})
+    monkeypatch.setattr(model_factory, "eos_token_ids", lambda path: [2])
     e2e.run_cases([named["treev2-auto-eagle-default"]], tmp_path, tmp_path, jobs=3, timeout=1, stagger_s=0,
                   soak_requests=1, fa3=True, upstream_site="/site-0.5.13", upstream_fa3=True)
     want = (str(tmp_path / "target"), str(tmp_path / "eagle"), "EAGLE")
@@ -989,7 +983,7 @@ def test_the_auto_tree_line_is_counted_not_reported_as_a_plugin_warning() -> Non
 
     line = ("[2026-11-23 22:26:30 WARNING pid=746] sglang_futuremap_patch: "
             + MESSAGE % ("EAGLE3", 5, 4, 8))
-    found = smoke.scan_log(line + "\n[2026-11-23 22:26:31 WARNING pid=746] sglang_futuremap_patch: other\n")
+    found = logs.scan_log(line + "\n[2026-11-23 22:26:31 WARNING pid=746] sglang_futuremap_patch: other\n")
     assert found.auto_tree_lines == 1 and len(found.bad_lines) == 1 and "other" in found.bad_lines[0]
 
 
@@ -1105,15 +1099,15 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
         seen[name] = env
         return 0, 1.0, {"pid": 10, "startup_s": 1.0, "scenarios": {}}, ""
 
-    monkeypatch.setattr(ge, "run_worker", fake_worker)
+    monkeypatch.setattr(launch, "run_worker", fake_worker)
     monkeypatch.setenv(e2e.TREE_SPEC_V2_ENV, "1")  # as if the GPU host had it set: treev2 drops it
-    log_config = ge.write_logging_config(tmp_path / "logging.json")
+    log_config = logs.write_logging_config(tmp_path / "logging.json")
     for case in e2e.select_cases(["tree-auto-eagle3-default", "treev2-auto-eagle3-default"]):
         for mode_name, mode in e2e.RUNS:
             e2e.run_engine(case, mode_name, mode, {"scenarios": []}, tmp_path, 1, log_config)
     for mode_name, mode in e2e.RUNS:
         assert seen[f"tree-auto-eagle3-default-{mode_name}"][e2e.TREE_SPEC_V2_ENV] == "0"
-        assert seen[f"tree-auto-eagle3-default-{mode_name}"][smoke.ENV_MODE] == mode
+        assert seen[f"tree-auto-eagle3-default-{mode_name}"][child_env.ENV_MODE] == mode
         assert e2e.TREE_SPEC_V2_ENV not in seen[f"treev2-auto-eagle3-default-{mode_name}"]
     plain = e2e.select_cases(["retract-*"])[0]
     assert e2e.with_case_env({"A": "1"}, plain) == {"A": "1"}
@@ -1147,7 +1141,7 @@ def _tree_log(mode: str, *, tree_line: bool = True, stock_line: bool = True, acc
 def _tree_run(mode: str, effective: dict[str, Any], text: str) -> dict[str, Any]:
     res = {"pid": 10, "effective": effective, "scenarios": {"r": {"outputs": [_rec([1, 2], accept=1.05)]}}}
     side = _side(mode, res)
-    side["log"] = smoke.scan_log(text)
+    side["log"] = logs.scan_log(text)
     return side
 
 
@@ -1196,7 +1190,7 @@ def test_tree_v2_checks_need_the_plugin_line_the_stock_line_and_the_same_tree() 
     assert e2e.accept_length(no_lines) == (1.05, "requests' spec_accept_length (no decode log line)")
     assert _failing(case, stock, no_lines) == ["patched mean accept length > 1.3"]
     waited = _tree_run("strict", p_eff, _tree_log("strict"))
-    waited["probe"] = smoke.ProbeSummary([], [11], 2, 2, ["settrace"])
+    waited["probe"] = logs.ProbeSummary([], [11], 2, 2, ["settrace"])
     assert _failing(case, stock, waited) == ["patched never waits on verify_done"]
 
 
@@ -1230,7 +1224,7 @@ def test_tree_v2_auto_cases_must_resolve_to_sglangs_tree_and_eagle3_has_no_accep
 def test_accept_length_parser_on_sglang_decode_lines() -> None:
     line = ("[2026-11-22 03:22:19 INFO pid=2564] Decode batch, #running-req: 5, #token: 1285, token usage: 0.00, "
             "accept len: 2.13, accept rate: 0.59, cuda graph: False, gen throughput (token/s): 113.87, #queue-req: 0")
-    assert smoke.scan_log(line).accept_lengths == [2.13]
+    assert logs.scan_log(line).accept_lengths == [2.13]
     text = "\n".join([
         line,
         "Decode batch, #running-req: 1, #token: 50, token usage: 0.00, accept len: 3.00, accept rate: 0.67, "
@@ -1239,9 +1233,9 @@ def test_accept_length_parser_on_sglang_decode_lines() -> None:
         "cuda graph: False, gen throughput (token/s): 113.87, #queue-req: 0",  # no speculative decoding
         "[2026-11-22 03:22:18 INFO pid=2564] Prefill batch, #new-seq: 1, #new-token: 18, accept len: 9.99",
     ])
-    found = smoke.scan_log(text)
+    found = logs.scan_log(text)
     assert found.accept_lengths == [2.13, 3.0] and found.mean_accept_length == pytest.approx(2.565)
-    assert smoke.scan_log("no decode here").mean_accept_length is None
+    assert logs.scan_log("no decode here").mean_accept_length is None
     # recorded per run in the case summary and shown in the report
     case = e2e.select_cases(["treev2-standalone-triton-3x4x16-graph-nopcg"])[0]
     stock = _tree_run("off", _tree_eff((3, 4, 16), False), _tree_log("off", accepts=(2.0, 2.5)))
@@ -1284,7 +1278,8 @@ def test_tree_v2_logprobs_compare_within_a_tolerance_and_ids_exactly() -> None:
     assert far["logprob: logprobs within 0.25"] is False and far["logprob: outputs identical"] is True
     ids = [c for c in e2e.compare_scenario(sc, stock, out([5, 7], -0.5, -0.5), tol) if not c.ok]
     assert ids[0].name == "logprob: outputs identical" and "(0, 1)" in ids[0].detail  # first differing token kept
-    assert not e2e._close([[-0.5, 5]], [[-0.5, 6]], tol) and not e2e._close([[-0.5, 5]], [[-0.5, 5], [0.0, 1]], tol)
+    assert not e2e.close_logprobs([[-0.5, 5]], [[-0.5, 6]], tol)
+    assert not e2e.close_logprobs([[-0.5, 5]], [[-0.5, 5], [0.0, 1]], tol)
     # a second stock run judges a logprob mismatch with the same tolerance
     far_run = out([5, 6], -0.9, -0.5)
     bad = e2e.compare_scenario(sc, stock, far_run, tol)
@@ -1384,8 +1379,8 @@ def test_tree_v2_cases_pass_on_near_ties_and_compare_with_0513(tmp_path: Path,
         return run
 
     monkeypatch.setattr(e2e, "run_engine", fake_run_engine)
-    monkeypatch.setattr(ge, "model_config", lambda path: {"vocab_size": 4096})
-    monkeypatch.setattr(ge, "eos_token_ids", lambda path: [2])
+    monkeypatch.setattr(model_factory, "model_config", lambda path: {"vocab_size": 4096})
+    monkeypatch.setattr(model_factory, "eos_token_ids", lambda path: [2])
     (r,) = e2e.run_cases([case], tmp_path, tmp_path, jobs=3, timeout=1, stagger_s=0, soak_requests=1,
                          fa3=True, upstream_site="/site-0.5.13")
     assert sorted(calls) == [("patched", None), ("stock", None), ("upstream", "/site-0.5.13")]
@@ -1412,15 +1407,15 @@ def test_tree_top_logprobs_compare_as_candidates_within_the_tolerance() -> None:
     tol = e2e.TREE_V2_LOGPROB_TOL
     a = _rec([5], logprobs=[[-1.0, 5]], top_logprobs=[[[-1.0, 5], [-1.0, 9], [-2.0, 4]]])
     reordered = _rec([5], logprobs=[[-0.9375, 5]], top_logprobs=[[[-0.9375, 9], [-0.9375, 5], [-2.0, 4]]])
-    assert e2e._same_logprobs(a, reordered, tol) and not e2e._same_logprobs(a, reordered)
+    assert e2e.same_logprobs(a, reordered, tol) and not e2e.same_logprobs(a, reordered)
     # a candidate at the cut-off in one list only: close to the other list's last
     cutoff = _rec([5], logprobs=[[-1.0, 5]], top_logprobs=[[[-1.0, 5], [-1.0, 9], [-2.1, 7]]])
-    assert e2e._same_logprobs(a, cutoff, tol)
+    assert e2e.same_logprobs(a, cutoff, tol)
     # one far off, or a list of another length: not close
     far = _rec([5], logprobs=[[-1.0, 5]], top_logprobs=[[[-1.0, 5], [-1.6, 9], [-2.0, 4]]])
-    assert not e2e._same_logprobs(a, far, tol)
-    assert not e2e._same_logprobs(a, _rec([5], logprobs=[[-1.0, 5]], top_logprobs=[[[-1.0, 5]]]), tol)
-    assert not e2e._same_logprobs(a, _rec([5], logprobs=[[-1.5, 5]], top_logprobs=a["top_logprobs"]), tol)
+    assert not e2e.same_logprobs(a, far, tol)
+    assert not e2e.same_logprobs(a, _rec([5], logprobs=[[-1.0, 5]], top_logprobs=[[[-1.0, 5]]]), tol)
+    assert not e2e.same_logprobs(a, _rec([5], logprobs=[[-1.5, 5]], top_logprobs=a["top_logprobs"]), tol)
 
 
 def test_judge_outputs_rejudges_saved_tree_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,10 +23,9 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import gpu_engine as ge  # noqa: E402
 import gpu_kits as gk  # noqa: E402
 import gpu_kits_cases as kc  # noqa: E402
-import gpu_smoke as smoke  # noqa: E402
+from gpu_harness import child_env, launch, logs, port_blocks  # noqa: E402
 
 SGLANG_DIR = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])  # not imported
 KITS_DIR = SGLANG_DIR / "test" / "kits"
@@ -55,10 +54,10 @@ def datasets_importable():
     is missing (as on the GPU machine and here)."""
     added = importlib.util.find_spec("datasets") is None
     if added:
-        sys.path.append(str(kc.STAND_INS))
+        sys.path.append(str(child_env.DATASETS_STAND_IN))
     yield
     if added:
-        sys.path.remove(str(kc.STAND_INS))
+        sys.path.remove(str(child_env.DATASETS_STAND_IN))
 
 
 # ----------------------------------------------------------------------------- discovery
@@ -219,7 +218,7 @@ def test_merge_args_gives_each_flag_our_value():
 
 
 def _setup(tmp_path: Path, tree: str | None, stand_in: bool = False) -> gk.Setup:
-    variants = {f: ge.make_variants([gk.FLAVOURS[f]], tree=tree)[0] for f in gk.FLAVOURS if f != "tree" or tree}
+    variants = {f: child_env.make_variants([gk.FLAVOURS[f]], tree=tree)[0] for f in gk.FLAVOURS if f != "tree" or tree}
     return gk.Setup(work=tmp_path, models={}, kits_model=tmp_path, data_dir=tmp_path, bin_dir=tmp_path / "bin",
                     log_config=tmp_path / "logging.json", backend="triton", fa3=False, variants=variants,
                     stand_in={"stock": stand_in})
@@ -229,14 +228,14 @@ def test_flavour_environments(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/bundle/site312")  # a site holding SGLang: kept, behind the tree
     setup = _setup(tmp_path, "/trees/python", stand_in=True)
     case = kc.CASES_BY_NAME["waiting-timeout"]
-    block = ge.PortBlock(24016)
+    block = port_blocks.PortBlock(24016)
     envs = {f: gk.flavour_env(setup, f, tmp_path / "probe", case=case, ports=block) for f in gk.FLAVOURS}
-    assert {f: e[ge.ENV_MODE] for f, e in envs.items()} == {"stock": "off", "plugin": "strict", "tree": "off"}
+    assert {f: e[child_env.ENV_MODE] for f, e in envs.items()} == {"stock": "off", "plugin": "strict", "tree": "off"}
     for f, env in envs.items():
         path = env["PYTHONPATH"].split(os.pathsep)
-        assert path[0] == str(ge.PROBE_DIR) and "/bundle/site312" in path
+        assert path[0] == str(child_env.PROBE_DIR) and "/bundle/site312" in path
         assert path[1] == "/trees/python" if f == "tree" else "/trees/python" not in path
-        assert (str(kc.STAND_INS) in path) is (f == "stock") and path[-1 if f == "stock" else 0] != ""
+        assert (str(child_env.DATASETS_STAND_IN) in path) is (f == "stock") and path[-1 if f == "stock" else 0] != ""
         assert env["PATH"].split(os.pathsep)[0] == str(setup.bin_dir)
         assert env["SGLANG_SPEC_NAN_DETECTION"] == env["SGLANG_SPEC_OOB_DETECTION"] == "1"
         assert env["SGLANG_REQ_WAITING_TIMEOUT"] == "0.001" and env["SGLANG_PORT"] == str(block.sglang_port)
@@ -246,12 +245,12 @@ def test_flavour_environments(tmp_path, monkeypatch):
     assert "not from the tree" in gk.sglang_source_problem(setup, "tree", "/bundle/site312/sglang/__init__.py")
     assert "from the tree" in gk.sglang_source_problem(setup, "stock", "/trees/python/sglang/__init__.py")
     with pytest.raises(ValueError, match="tree variant needs its site"):
-        ge.make_variants(["tree"])
+        child_env.make_variants(["tree"])
 
 
 @pytest.fixture(scope="module")
 def tree_site(tmp_path_factory) -> Path:
-    return ge.build_tree_site(tmp_path_factory.mktemp("kits-tree"))
+    return child_env.build_tree_site(tmp_path_factory.mktemp("kits-tree"))
 
 
 def test_tree_variant_carries_the_series(tree_site, sglang_loaded, tmp_path):
@@ -293,11 +292,11 @@ def test_tree_site_falls_back_to_patch(tmp_path, monkeypatch):
     only_patch.mkdir()
     (only_patch / "patch").symlink_to(patch)
     monkeypatch.setenv("PATH", str(only_patch))  # no git
-    site = ge.build_tree_site(tmp_path / "t")
+    site = child_env.build_tree_site(tmp_path / "t")
     assert "forward_spec_v2_overlap" in (site / "sglang/srt/managers/scheduler.py").read_text()
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(RuntimeError, match="neither git nor patch"):
-        ge.build_tree_site(tmp_path / "u")
+        child_env.build_tree_site(tmp_path / "u")
 
 
 # ----------------------------------------------------------------------------- the kits' model and data
@@ -439,7 +438,7 @@ def test_junit_and_job_status(tmp_path):
     assert gk.job_status(0, tests, "") == ("failed", None)
     assert gk.job_status(0, tests[:1] + tests[2:3], "") == ("passed", None)
     assert gk.job_status(0, tests[2:3], "") == ("skipped", None)
-    killed = f"[gpu_kits] regex-plugin {ge.KILLED_AT_LIMIT} 118 s\n"  # what run_worker writes
+    killed = f"[gpu_kits] regex-plugin {launch.KILLED_AT_LIMIT} 118 s\n"  # what run_worker writes
     assert gk.job_status(-9, [], killed) == ("error", "no test results (killed at the time limit)")
     assert gk.job_status(-9, [], "")[1].startswith("no test results (killed by SIGKILL before the time limit")
     assert gk.job_status(2, [], "") == ("error", "no test results (exit status 2)")
@@ -450,7 +449,7 @@ def test_junit_and_job_status(tmp_path):
 def test_a_job_cut_off_by_the_budget_is_not_read_as_a_hang():
     """On the H100 two regex jobs were killed when the run's --budget ran out, 118 s in; the
     record said "killed at the time limit", which reads like a server that hung."""
-    status, error = gk.job_status(-9, [], f"[gpu_kits] regex-plugin {ge.KILLED_AT_LIMIT} 118 s\n")
+    status, error = gk.job_status(-9, [], f"[gpu_kits] regex-plugin {launch.KILLED_AT_LIMIT} 118 s\n")
     killed = {"status": status, "error": error, "returncode": -9}
     cut = gk.budget_cut(killed, 118.4, 360)
     assert cut["status"] == "error" and cut["error"].startswith("cut off when the run's --budget ran out (118 s")
@@ -461,12 +460,12 @@ def test_a_job_cut_off_by_the_budget_is_not_read_as_a_hang():
 
 
 def _log(applied: int = 0, disabled: int = 0, pids: tuple[int, ...] = (), bad: tuple[str, ...] = ()):
-    return smoke.LogFindings(applied_pids=list(pids), applied_lines=applied, disabled_lines=disabled,
+    return logs.LogFindings(applied_pids=list(pids), applied_lines=applied, disabled_lines=disabled,
                              bad_lines=list(bad))
 
 
 def _probe(scheduler_calls: int, pids: tuple[int, ...] = (11,)):
-    return smoke.ProbeSummary(processes=[], scheduler_pids=list(pids), scheduler_calls=scheduler_calls,
+    return logs.ProbeSummary(processes=[], scheduler_pids=list(pids), scheduler_calls=scheduler_calls,
                               total_calls=scheduler_calls, mechanisms=[])
 
 
@@ -535,7 +534,7 @@ def test_record_verdicts_and_markdown():
     results[2] = dict(gk.not_run(gk.Job(kc.CASES_BY_NAME["sanity"], "tree"), "budget spent"))
     v = _record(results)["verdict"]
     assert v["outcome"] == "incomplete" and "not run (budget spent)" in v["incomplete"][0]
-    assert "flavour check failed" in gk._cell(_job("sanity", "tree", sanity, check=False))
+    assert "flavour check failed" in gk.job_cell(_job("sanity", "tree", sanity, check=False))
 
 
 def test_merge_of_two_runs_and_bad_inputs(tmp_path):
@@ -575,7 +574,7 @@ def test_cli_usage_errors_are_one_line(capsys):
 
 
 def test_portable_command_and_launcher(tmp_path):
-    cmd = gk.portable_command(["--models", "/tmp/m", "--out", "/x/out", "--kits", "sanity"])
+    cmd = gk.recorded_command(["--models", "/tmp/m", "--out", "/x/out", "--kits", "sanity"])
     assert cmd == "scripts/gpu_kits.py --models MODELS --out OUT --kits sanity"
     launcher = gk.write_launcher(tmp_path / "bin")
     text = launcher.read_text()

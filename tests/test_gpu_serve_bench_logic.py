@@ -15,6 +15,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import gpu_serve_bench as sb  # noqa: E402
+from gpu_harness import child_env, launch, records  # noqa: E402
 
 
 def test_boots_alternate_and_cells_get_enough_requests() -> None:
@@ -41,7 +42,7 @@ def test_server_command_is_a_users_launch_that_sglang_parses(sglang_loaded) -> N
 
 
 def test_bench_command_goes_through_bench_servings_parser(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(sb.DATASETS_STAND_IN))  # as the benchmark runs it
+    monkeypatch.syspath_prepend(str(child_env.DATASETS_STAND_IN))  # as the benchmark runs it
     import sglang.bench_serving as bs
 
     args = argparse.Namespace(dataset="random-ids", input_len=256, output_len=256, seed=1, warmup="wave")
@@ -77,7 +78,7 @@ def test_cells_keep_each_requests_ttft_and_the_summary_pools_them(tmp_path: Path
     pooled = sb.pooled_ttft(stock + patched)
     row = pooled[8]
     assert row["n"] == [200, 200]
-    assert row["p50"]["stock"] == pytest.approx(sb.percentile(
+    assert row["p50"]["stock"] == pytest.approx(records.quantile(
         stock[0]["cells"]["8"]["ttfts_ms"] + stock[1]["cells"]["8"]["ttfts_ms"], 0.5))
     for q in ("p50", "p99"):
         assert row[q]["ratio"] == pytest.approx(1.1)
@@ -93,7 +94,7 @@ def test_cells_keep_each_requests_ttft_and_the_summary_pools_them(tmp_path: Path
     text = sb.merge([doc])
     assert "TTFT over every request of every boot, stock -> patched" in text
     assert "| 8 | 200 / 200 | " in text and "(x1.100 [" in text
-    assert sb.percentile([1, 2, 3, 4], 0.5) == 2.5 and sb.percentile([5], 0.99) == 5
+    assert records.quantile([1, 2, 3, 4], 0.5) == 2.5 and records.quantile([5], 0.99) == 5
 
 
 def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
@@ -168,9 +169,9 @@ def test_upstream_runs_its_own_sglang_and_gets_its_own_table(tmp_path: Path) -> 
         (site / "sglang").mkdir(parents=True)
         (site / "sglang" / "__init__.py").write_text("")
         (site / "sglang" / "_version.py").write_text(f'__version__ = "{version}"\n')
-    env = sb.upstream_env({"PYTHONPATH": os.pathsep.join([str(sb.DATASETS_STAND_IN), str(current)])}, str(upstream))
+    env = sb.upstream_env({"PYTHONPATH": os.pathsep.join([str(child_env.DATASETS_STAND_IN), str(current)])}, str(upstream))
     # The upstream SGLang first, the current one gone, the datasets stand-in kept.
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(upstream), str(sb.DATASETS_STAND_IN)]
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(upstream), str(child_env.DATASETS_STAND_IN)]
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 120, 8, 1250), _run("upstream", 0, 80, 9, 1100)]
     runs[2]["sglang"] = "0.5.13"
     summary = sb.summarize(runs)
@@ -209,8 +210,6 @@ def test_wait_until_ready_says_why_a_server_never_answered(tmp_path: Path) -> No
     import threading
     import time
 
-    import gpu_engine as ge
-
     class Ok(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             self.send_response(200)
@@ -224,26 +223,25 @@ def test_wait_until_ready_says_why_a_server_never_answered(tmp_path: Path) -> No
         alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         try:
             url = f"http://127.0.0.1:{httpd.server_address[1]}/health_generate"
-            assert ge.wait_until_ready(alive, url, time.monotonic() + 10, poll_s=0.1) is None
+            assert launch.wait_until_ready(alive, url, time.monotonic() + 10, poll_s=0.1) is None
             with socket.socket() as probe:  # a port nobody listens on
                 probe.bind(("127.0.0.1", 0))
                 free = probe.getsockname()[1]
             dead_url = f"http://127.0.0.1:{free}/health"
-            assert ge.wait_until_ready(alive, dead_url, time.monotonic() + 0.3, poll_s=0.1) == "not ready in time"
+            assert launch.wait_until_ready(alive, dead_url, time.monotonic() + 0.3, poll_s=0.1) == "not ready in time"
         finally:
             alive.kill()
             alive.wait()
             httpd.shutdown()
     gone = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     gone.wait()
-    assert ge.wait_until_ready(gone, "http://127.0.0.1:1/", time.monotonic() + 10) == (
+    assert launch.wait_until_ready(gone, "http://127.0.0.1:1/", time.monotonic() + 10) == (
         "exited with 3 before it was ready")
 
 
 # ----------------------------------------------------------------------------- the scheduler timeline
 
-sys.path.insert(0, str(SCRIPTS / "gpu_probe"))
-import sched_timeline as st  # noqa: E402
+st = child_env.probe_module("sched_timeline")
 
 
 def test_timeline_probe_wraps_the_methods_sglangs_scheduler_has(sglang_loaded, tmp_path: Path) -> None:
@@ -329,7 +327,7 @@ def test_summary_carries_the_schedulers_split_per_cell() -> None:
     env = {"PYTHONPATH": "x"}
     assert sb.server_env(env, None) is env
     probe = sb.server_env(env, Path("/tmp/tl"))
-    assert probe["SMOKE_SCHED_TIMELINE"] == "1" and probe["PYTHONPATH"].startswith(str(sb.PROBE_DIR))
+    assert probe["SMOKE_SCHED_TIMELINE"] == "1" and probe["PYTHONPATH"].startswith(str(child_env.PROBE_DIR))
 
 
 def test_ttft_breakdown_names_where_the_launch_after_a_prefill_waited() -> None:
@@ -362,7 +360,7 @@ def test_bench_client_runs_bench_servings_own_command_line(monkeypatch, capsys) 
 
     import serve_bench_client as sc
 
-    monkeypatch.syspath_prepend(str(sb.DATASETS_STAND_IN))
+    monkeypatch.syspath_prepend(str(child_env.DATASETS_STAND_IN))
     out = io.StringIO()
     lines = io.StringIO('["--no-such-flag"]\n\n["--help"]\n{"not": "a list"}\n')
     assert sc.serve(lines, out) == 2

@@ -34,15 +34,14 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import gpu_e2e as e2e  # noqa: E402
-import gpu_engine as ge  # noqa: E402
-import make_tiny_models as mtm  # noqa: E402
+from gpu_harness import model_factory  # noqa: E402
 
 CASES = ("tree-auto-eagle-default", "treev2-auto-eagle-default")
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return ge.build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+    return model_factory.build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
 
 
 def _case(name: str) -> e2e.Case:
@@ -55,13 +54,13 @@ def _case(name: str) -> e2e.Case:
 
 def test_factory_builds_the_eagle_draft_bit_identically_from_the_target(models: dict[str, Path],
                                                                         tmp_path: Path) -> None:
-    assert models["eagle"] == models["target"].parent / mtm.EAGLE_DIRNAME
-    mtm.make_models(tmp_path, mtp=False)
-    for name in (mtm.TARGET_DIRNAME, mtm.EAGLE_DIRNAME):
+    assert models["eagle"] == models["target"].parent / model_factory.EAGLE_DIRNAME
+    model_factory.make_models(tmp_path, mtp=False)
+    for name in (model_factory.TARGET_DIRNAME, model_factory.EAGLE_DIRNAME):
         for file in ("config.json", "model.safetensors"):
             assert (models[name] / file).read_bytes() == (tmp_path / name / file).read_bytes(), (name, file)
-    assert mtm.check_model_dir(models["eagle"]) == []
-    tcfg, dcfg = ge.model_config(models["target"]), ge.model_config(models["eagle"])
+    assert model_factory.check_model_dir(models["eagle"]) == []
+    tcfg, dcfg = model_factory.model_config(models["target"]), model_factory.model_config(models["eagle"])
     assert dcfg["architectures"] == ["LlamaForCausalLMEagle"] and dcfg["num_hidden_layers"] == 2
     assert {k: v for k, v in dcfg.items() if k not in ("architectures", "num_hidden_layers")} == {
         k: v for k, v in tcfg.items() if k not in ("architectures", "num_hidden_layers")}
@@ -147,22 +146,22 @@ def test_sglang_loads_every_tensor_and_the_worker_shares_the_targets_head(sglang
 
 def test_sglang_forward_matches_the_reference_and_the_draft_agrees_in_part(sglang_cpu: SimpleNamespace,
                                                                            models: dict[str, Path]) -> None:
-    probe = mtm.eagle_greedy_probe(models["target"], models["eagle"])
+    probe = model_factory.eagle_greedy_probe(models["target"], models["eagle"])
     outputs = probe["outputs"]
     assert min(probe["distinct_per_output"]) >= 36 and len({tuple(o) for o in outputs}) == len(outputs)
     assert 0.4 <= probe["eagle_agreement"] <= 0.7 and probe["eagle_top4"] >= probe["eagle_agreement"] + 0.2, probe
-    tcfg, tw = mtm.load_fp32(models["target"])
-    dcfg, dw = mtm.load_fp32(models["eagle"])
+    tcfg, tw = model_factory.load_fp32(models["target"])
+    dcfg, dw = model_factory.load_fp32(models["eagle"])
     agree = total = 0
     for out in outputs:
         ids = list(range(3, 3 + 7 * 60, 7)) + out  # a fixed prompt, then a continuation of the target's
         logits, hidden = sglang_logits(sglang_cpu.target, ids)
-        ref_logits, ref_hidden = mtm.llama_reference(tcfg, tw, ids)
+        ref_logits, ref_hidden = model_factory.llama_reference(tcfg, tw, ids)
         assert_close(logits, ref_logits)
         # SGLang's draft extend: position p reads token p + 1 and the target's hidden state at p
         # and guesses the target's prediction at p + 1
         draft_logits, _ = sglang_logits(sglang_cpu.draft, ids[1:], hidden[:-1])
-        ref_draft, _ = mtm.eagle_reference(dcfg, dw, tw, ids[1:], ref_hidden[:-1])
+        ref_draft, _ = model_factory.eagle_reference(dcfg, dw, tw, ids[1:], ref_hidden[:-1])
         assert_close(draft_logits, ref_draft)
         predicted = logits.argmax(-1)
         agree += int((draft_logits.argmax(-1)[20:] == predicted[21:]).sum())
@@ -173,6 +172,6 @@ def test_sglang_forward_matches_the_reference_and_the_draft_agrees_in_part(sglan
 def test_sglangs_auto_tree_accepts_part_of_the_eagle_draft(models: dict[str, Path]) -> None:
     """SGLang's auto tree (5 / 4 / 8) walked in plain torch on a sample of positions: more than
     the first token and less than the whole path is accepted on average."""
-    tree = mtm.eagle_tree_probe(models["target"], models["eagle"], prompts=2, new_tokens=24, every=2)
+    tree = model_factory.eagle_tree_probe(models["target"], models["eagle"], prompts=2, new_tokens=24, every=2)
     assert 1.5 <= tree["mean_accept_length"] <= 3.5, tree
     assert len(tree["accept_lengths"]) >= 3, tree  # rejected at once, in part and further along

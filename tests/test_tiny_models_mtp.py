@@ -33,15 +33,14 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import gpu_e2e as e2e  # noqa: E402
-import gpu_engine as ge  # noqa: E402
-import make_tiny_models as mtm  # noqa: E402
+from gpu_harness import engine_config, model_factory  # noqa: E402
 
 MTP_OWN = ("enorm", "hnorm", "eh_proj", "final_layernorm")
 
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return ge.build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+    return model_factory.build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
 
 
 # ----------------------------------------------------------------------------- the factory
@@ -49,16 +48,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_factory_builds_the_mimov2_pair_bit_identically(models: dict[str, Path], tmp_path: Path) -> None:
     assert {"target", "draft", "eagle3", "mimov2", "mimov2-mtp"} <= set(models)
-    again = mtm.make_mimov2_models(tmp_path)
+    again = model_factory.make_mimov2_models(tmp_path)
     for built, rebuilt in zip((models["mimov2"], models["mimov2-mtp"]), again):
-        for name in ("config.json", "model.safetensors", f"{mtm.MIMOV2_CONFIG_MODULE}.py"):
+        for name in ("config.json", "model.safetensors", f"{model_factory.MIMOV2_CONFIG_MODULE}.py"):
             assert (built / name).read_bytes() == (rebuilt / name).read_bytes(), (built.name, name)
-        assert mtm.check_model_dir(built) == []
+        assert model_factory.check_model_dir(built) == []
     assert (models["mimov2"] / "tokenizer.json").exists()
-    tcfg, dcfg = (ge.model_config(models[k]) for k in ("mimov2", "mimov2-mtp"))
+    tcfg, dcfg = (model_factory.model_config(models[k]) for k in ("mimov2", "mimov2-mtp"))
     assert "moe_layer_freq" not in tcfg and {0, 1} == set(tcfg["hybrid_layer_pattern"])  # dense, hybrid SWA
-    assert dcfg["num_nextn_predict_layers"] >= ge.SPEC_STEPS["speculative_num_steps"]
-    assert (tcfg["vocab_size"], ge.eos_token_ids(models["mimov2"])) == (4096, [2])  # as the Llama target's
+    assert dcfg["num_nextn_predict_layers"] >= engine_config.SPEC_STEPS["speculative_num_steps"]
+    assert (tcfg["vocab_size"], model_factory.eos_token_ids(models["mimov2"])) == (4096, [2])  # as the Llama target's
     target, draft = checkpoint(models["mimov2"]), checkpoint(models["mimov2-mtp"])
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         assert torch.equal(target[name], draft[name])
@@ -135,18 +134,18 @@ def test_sglang_loads_every_tensor_into_every_parameter(sglang_cpu: SimpleNamesp
 
 def test_sglang_forward_matches_the_reference_and_the_mtp_layers_agree_in_part(
         sglang_cpu: SimpleNamespace, models: dict[str, Path]) -> None:
-    probe = mtm.mtp_greedy_probe(models["mimov2"], models["mimov2-mtp"])
+    probe = model_factory.mtp_greedy_probe(models["mimov2"], models["mimov2-mtp"])
     outputs = probe["outputs"]
     assert min(probe["distinct_per_output"]) >= 36 and len({tuple(o) for o in outputs}) == len(outputs)
-    tcfg, tw = mtm.load_fp32(models["mimov2"])
-    dcfg, dw = mtm.load_fp32(models["mimov2-mtp"])
+    tcfg, tw = model_factory.load_fp32(models["mimov2"])
+    dcfg, dw = model_factory.load_fp32(models["mimov2-mtp"])
     agree = [0] * len(sglang_cpu.drafts)
     total = 0
     for out in outputs:
         # a fixed prompt longer than the sliding window, then a continuation of the target's
         ids = list(range(3, 3 + 7 * 160, 7)) + out
         logits, hidden = sglang_logits(sglang_cpu.target, ids)
-        ref_logits, ref_hidden = mtm.mimov2_reference(tcfg, tw, ids)
+        ref_logits, ref_hidden = model_factory.mimov2_reference(tcfg, tw, ids)
         assert_close(logits, ref_logits)
         predicted = logits.argmax(-1)
         total += len(ids) - 40
@@ -155,7 +154,7 @@ def test_sglang_forward_matches_the_reference_and_the_mtp_layers_agree_in_part(
             # guesses the target's prediction at p + k + 1
             shifted = ids[step + 1:]
             mtp_logits, _ = sglang_logits(draft, shifted, hidden[: len(shifted)])
-            ref_mtp = mtm.mtp_reference(dcfg, dw, step, shifted, ref_hidden[: len(shifted)])
+            ref_mtp = model_factory.mtp_reference(dcfg, dw, step, shifted, ref_hidden[: len(shifted)])
             assert_close(mtp_logits, ref_mtp)
             guess = mtp_logits.argmax(-1)
             agree[step] += int((guess[40 - step - 1: len(ids) - step - 1] == predicted[40:]).sum())

@@ -133,7 +133,7 @@ for c in ${MATRIX_CASES:-a b c}; do
             {
                 echo
                 echo "===== $run.log (trimmed) ====="
-                python3 -c "import sys; sys.path.insert(0, 'scripts'); import gpu_smoke as g; print(g.trim_log(open(sys.argv[1], errors='replace').read()))" "$logs/$run.log"
+                python3 -c "import sys; sys.path.insert(0, 'scripts'); from gpu_harness import logs; print(logs.trim_log(open(sys.argv[1], errors='replace').read()))" "$logs/$run.log"
             } >> "$OUT/$name.txt" 2>&1
         fi
     done

@@ -43,7 +43,7 @@ fi
 # shellcheck disable=SC1090
 source "$BUNDLE/activate.sh"   # prints "activate.sh: FA3 installed" or "... no FA3"
 SITE="${_site:-/tmp/site312-0.5.13}"
-VERSION="$(python3 -c "import sys; sys.path.insert(0, 'scripts'); import gpu_engine as g; print(g.site_sglang_version(sys.argv[1]) or '')" "$SITE")"
+VERSION="$(python3 -c "import sys; sys.path.insert(0, 'scripts'); from gpu_harness import child_env; print(child_env.site_sglang_version(sys.argv[1]) or '')" "$SITE")"
 if [ -z "$VERSION" ]; then
     echo "stage_upstream.sh: $SITE holds no SGLang after unpacking $BUNDLE"
     exit 2

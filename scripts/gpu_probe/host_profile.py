@@ -296,9 +296,10 @@ class HostProfiler:
             pass
 
 
-def set_phase(out_dir: str, phase: str) -> None:
-    """Benchmark side: announce the phase to the scheduler's poll thread."""
-    path = os.path.join(out_dir, PHASE_FILE)
+def set_phase(out_dir: str, phase: str, name: str = PHASE_FILE) -> None:
+    """Benchmark side: announce the phase to the scheduler's poll thread (``name``: the file a
+    probe polls, this one's by default)."""
+    path = os.path.join(out_dir, name)
     with open(path + ".tmp", "w") as f:
         f.write(phase)
     os.replace(path + ".tmp", path)

@@ -22,6 +22,8 @@ Inactive unless ``SMOKE_PROBE_DIR`` is set. When active it
 * with ``SMOKE_SCHED_TIMELINE=1``, loads ``sched_timeline.py`` from this folder: launch and
   result-processing times of every batch and the arrival of every request, in the scheduler
   process (the serving benchmark's ``--timeline``);
+* with ``BENCH_SYNC_PROBE=1``, loads ``bench_sync_probe.py`` from this folder: the decode
+  benchmark's own host-sync probe (``bench_spec_v2.py --sync-probe-impl own``);
 * unless ``SMOKE_PROBE_PLUGIN_LOG=0``, gives the ``sglang_futuremap_patch`` logger its own
   stderr handler whose format carries the level and pid, so the plugin's startup line has
   a parseable level even in a scheduler process where SGLang has not configured logging
@@ -56,7 +58,7 @@ def _install() -> None:
 
     # Optional probes of this folder, each switched on by its variable; they hook calls by name.
     for env_name, module_name in (("SMOKE_SYNC_PROBE", "smoke_sync_probe"), ("SMOKE_HOST_PROFILE", "host_profile"),
-                                  ("SMOKE_SCHED_TIMELINE", "sched_timeline")):
+                                  ("SMOKE_SCHED_TIMELINE", "sched_timeline"), ("BENCH_SYNC_PROBE", "bench_sync_probe")):
         if os.environ.get(env_name) != "1":
             continue
         import importlib.util

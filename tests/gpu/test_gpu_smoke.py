@@ -60,7 +60,7 @@ def test_gpu_smoke(tmp_path: Path) -> None:
 def _fa3_missing() -> str | None:
     if _REASON is not None:
         return _REASON
-    if not import_script("gpu_engine").fa3_available():
+    if not import_script("gpu_harness.child_env").fa3_available():
         return "skipped (no FA3): sgl_kernel.flash_ops does not import here"
     return None
 

@@ -1,4 +1,4 @@
-"""CPU tests of the GPU harness's shared Engine layer (scripts/gpu_engine.py): port blocks,
+"""CPU tests of the GPU harness's shared layer (scripts/gpu_harness/): port blocks,
 environments, variants, harness errors, FA3 detection, Engine kwargs. No GPU, no SGLang."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-import gpu_engine as ge  # noqa: E402
 import gpu_smoke as smoke  # noqa: E402
+from gpu_harness import child_env, engine_config, launch, logs, model_factory, port_blocks  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- ports
@@ -24,17 +24,17 @@ import gpu_smoke as smoke  # noqa: E402
 
 @pytest.mark.parametrize("n", [2, 40, 300])
 def test_port_blocks_of_n_engines_are_disjoint(n: int) -> None:
-    alloc = ge.PortAllocator(rng=random.Random(n), is_free=lambda port: True)
+    alloc = port_blocks.PortAllocator(rng=random.Random(n), is_free=lambda port: True)
     blocks = [alloc.allocate(f"engine-{i}") for i in range(n)]
     spans = [set(b.ports()) for b in blocks]
-    assert sum(map(len, spans)) == len(set().union(*spans)) == n * ge.PORT_BLOCK  # pairwise disjoint
+    assert sum(map(len, spans)) == len(set().union(*spans)) == n * port_blocks.PORT_BLOCK  # pairwise disjoint
     every = set().union(*spans)
     for b in blocks:
         assert {b.port, b.nccl_port, b.sglang_port, b.port + 1} <= set(b.ports())  # port + 1: gRPC sidecar
-        assert ge.PORT_LO <= b.base and b.base + ge.PORT_BLOCK <= ge.PORT_HI < 32768  # below the ephemeral range
-        grpc = b.port + ge.GRPC_OFFSET
+        assert port_blocks.PORT_LO <= b.base and b.base + port_blocks.PORT_BLOCK <= port_blocks.PORT_HI < 32768  # below the ephemeral range
+        grpc = b.port + port_blocks.GRPC_OFFSET
         assert grpc <= 65535 and grpc not in every  # SGLang's derived gRPC port: valid, and no one's block
-        assert ge.with_ports({"model_path": "m"}, b) == {"model_path": "m", "port": b.port, "nccl_port": b.nccl_port}
+        assert port_blocks.with_ports({"model_path": "m"}, b) == {"model_path": "m", "port": b.port, "nccl_port": b.nccl_port}
         assert b.env() == {"SGLANG_PORT": str(b.sglang_port)}
 
 
@@ -43,20 +43,20 @@ def test_allocator_skips_ports_in_use_and_runs_out_cleanly() -> None:
         held.bind(("127.0.0.1", 0))
         busy = held.getsockname()[1]
         lo = busy - 2  # a block whose nccl_port is the busy one
-        alloc = ge.PortAllocator(lo, lo + 3 * ge.PORT_BLOCK, rng=random.Random(0))
+        alloc = port_blocks.PortAllocator(lo, lo + 3 * port_blocks.PORT_BLOCK, rng=random.Random(0))
         alloc.next = 0
         got = [alloc.allocate() for _ in range(2)]
-        assert all(busy not in b.bound for b in got) and got[0].base == lo + ge.PORT_BLOCK
+        assert all(busy not in b.bound for b in got) and got[0].base == lo + port_blocks.PORT_BLOCK
         with pytest.raises(RuntimeError):
             alloc.allocate()
     with pytest.raises(ValueError):
-        ge.with_ports({"enable_dp_attention": True}, got[0])
+        port_blocks.with_ports({"enable_dp_attention": True}, got[0])
 
 
 def test_threads_never_share_a_block() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    alloc = ge.PortAllocator(is_free=lambda port: True)
+    alloc = port_blocks.PortAllocator(is_free=lambda port: True)
     with ThreadPoolExecutor(16) as pool:
         blocks = list(pool.map(lambda i: alloc.allocate(str(i)), range(200)))
     assert len({b.base for b in blocks}) == 200
@@ -74,29 +74,24 @@ def test_subprocess_env(tmp_path: Path) -> None:
     (current / "sglang").mkdir(parents=True)
     (current / "sglang" / "__init__.py").write_text("")
     base = {"PYTHONPATH": os.pathsep.join([str(current), "/opt/other"]), "SMOKE_HOST_PROFILE": "1", "KEEP": "x"}
-    block = ge.PortBlock(24000)
-    env = ge.subprocess_env("off", tmp_path / "probe", tmp_path / "log.json", ports=block, base=base,
+    block = port_blocks.PortBlock(24000)
+    env = child_env.subprocess_env("off", tmp_path / "probe", tmp_path / "log.json", ports=block, base=base,
                             cuda_visible_devices="3")
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(ge.PROBE_DIR), str(current), "/opt/other"]
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(child_env.PROBE_DIR), str(current), "/opt/other"]
     assert env["SGLANG_FUTUREMAP_PATCH"] == "off" and env["SGLANG_PORT"] == "24004" and env["KEEP"] == "x"
     assert env["CUDA_VISIBLE_DEVICES"] == "3" and "SMOKE_HOST_PROFILE" not in env and "SMOKE_SYNC_PROBE" not in env
-    up = ge.subprocess_env("off", tmp_path / "probe", None, site=str(site), base=base, sync_probe=True)
-    assert up["PYTHONPATH"].split(os.pathsep) == [str(ge.PROBE_DIR), str(site), "/opt/other"]  # the other SGLang gone
+    up = child_env.subprocess_env("off", tmp_path / "probe", None, site=str(site), base=base, sync_probe=True)
+    assert up["PYTHONPATH"].split(os.pathsep) == [str(child_env.PROBE_DIR), str(site), "/opt/other"]  # the other SGLang gone
     assert up["SMOKE_SYNC_PROBE"] == "1" and "SGLANG_LOGGING_CONFIG_PATH" not in up
-    (upstream,) = ge.make_variants(["upstream"], upstream=str(site))
-    assert upstream.plugin_expected == "absent" and ge.upstream_missing(upstream) is None
-    assert ge.site_sglang_version(site) == "0.5.13" and ge.site_sglang_version(tmp_path / "nothing") is None
-    assert "holds no SGLang" in ge.upstream_missing(ge.Variant("upstream", "off", str(tmp_path / "nothing")))
-    stock, patched = ge.make_variants(["stock", "patched"], patched_mode="safe")
+    (upstream,) = child_env.make_variants(["upstream"], upstream=str(site))
+    assert upstream.plugin_expected == "absent" and child_env.upstream_missing(upstream) is None
+    assert child_env.site_sglang_version(site) == "0.5.13" and child_env.site_sglang_version(tmp_path / "nothing") is None
+    assert "holds no SGLang" in child_env.upstream_missing(child_env.Variant("upstream", "off", str(tmp_path / "nothing")))
+    stock, patched = child_env.make_variants(["stock", "patched"], patched_mode="safe")
     assert (stock.mode, stock.plugin_expected, patched.mode, patched.plugin_expected) == (
         "off", "disabled", "safe", "applied")
     with pytest.raises(ValueError):
-        ge.make_variants(["nightly"])
-
-
-def test_smoke_reexports_the_shared_layer() -> None:
-    assert smoke.subprocess_env is ge.subprocess_env and smoke.run_worker is ge.run_worker
-    assert smoke.logging_config() == ge.logging_config() and smoke.PROBE_DIR == ge.PROBE_DIR
+        child_env.make_variants(["nightly"])
 
 
 # ----------------------------------------------------------------------------- launch, errors
@@ -104,17 +99,17 @@ def test_smoke_reexports_the_shared_layer() -> None:
 
 def test_engine_error() -> None:
     ok = {"startup_s": 3.0, "scenarios": {"a": {}, "b": {}}}
-    assert ge.engine_error(0, ok, "", expected=["a", "b"]) is None
-    assert ge.engine_error(1, None, "") == "exit status 1; no result"
-    assert ge.engine_error(0, {"scenarios": {}}, "") == "the Engine did not start"
-    limit = f"[gpu_e2e] x-stock {ge.KILLED_AT_LIMIT} 300 s"
-    assert ge.engine_error(-9, {"startup_s": 1.0, "scenarios": {"a": {}}}, limit, expected=["a", "b", "c"]) == (
+    assert launch.engine_error(0, ok, "", expected=["a", "b"]) is None
+    assert launch.engine_error(1, None, "") == "exit status 1; no result"
+    assert launch.engine_error(0, {"scenarios": {}}, "") == "the Engine did not start"
+    limit = f"[gpu_e2e] x-stock {launch.KILLED_AT_LIMIT} 300 s"
+    assert launch.engine_error(-9, {"startup_s": 1.0, "scenarios": {"a": {}}}, limit, expected=["a", "b", "c"]) == (
         "killed at the time limit; stopped before 'b' (+1 more)")
     # -9 without the harness's mark: SGLang's SIGQUIT handler killed its own tree (a child failed)
     died = "AttributeError: x\n[2026-11-23 ERROR] SIGQUIT received. It usually means one child failed."
-    assert ge.engine_error(-9, None, died).startswith("killed by SIGKILL before the time limit")
-    assert ge.engine_error(0, {"startup_s": 1.0, "error": "RuntimeError: x"}, "", expected=[]) is None
-    assert ge.log_tail("\n".join(str(i) for i in range(100)), lines=3) == "97\n98\n99"
+    assert launch.engine_error(-9, None, died).startswith("killed by SIGKILL before the time limit")
+    assert launch.engine_error(0, {"startup_s": 1.0, "error": "RuntimeError: x"}, "", expected=[]) is None
+    assert logs.log_tail("\n".join(str(i) for i in range(100)), lines=3) == "97\n98\n99"
 
 
 def test_run_worker_kills_its_session_and_reads_the_result(tmp_path: Path) -> None:
@@ -125,51 +120,48 @@ def test_run_worker_kills_its_session_and_reads_the_result(tmp_path: Path) -> No
         "print('hello from the worker', flush=True)\n"
         "json.dump({'startup_s': 0.1, 'echo': spec['x']}, open(spec['result_path'], 'w'))\n"
         "time.sleep(spec['sleep'])\n")
-    rc, wall, result, text = ge.run_worker(script, {"x": 7, "sleep": 0}, tmp_path, "a", tmp_path / "a.log",
+    rc, wall, result, text = launch.run_worker(script, {"x": 7, "sleep": 0}, tmp_path, "a", tmp_path / "a.log",
                                            dict(os.environ), 30)
     assert rc == 0 and result == {"startup_s": 0.1, "echo": 7} and "hello from the worker" in text
-    rc, wall, result, text = ge.run_worker(script, {"x": 8, "sleep": 30}, tmp_path, "b", tmp_path / "b.log",
+    rc, wall, result, text = launch.run_worker(script, {"x": 8, "sleep": 30}, tmp_path, "b", tmp_path / "b.log",
                                            dict(os.environ), 1.5)
     assert rc == -9 and wall < 20 and result["echo"] == 8 and "b run killed after 2 s" in text
-    assert ge.engine_error(rc, result, text).startswith("killed at the time limit")
+    assert launch.engine_error(rc, result, text).startswith("killed at the time limit")
 
 
 # ----------------------------------------------------------------------------- FA3, models, kwargs
 
 
 def test_fa3_detection(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assert ge.needs_fa3("fa3") and ge.needs_fa3("default") and ge.needs_fa3(None)
-    assert not ge.needs_fa3("triton") and not ge.needs_fa3("flashinfer")
+    assert child_env.needs_fa3("fa3") and child_env.needs_fa3("default") and child_env.needs_fa3(None)
+    assert not child_env.needs_fa3("triton") and not child_env.needs_fa3("flashinfer")
     fake = tmp_path / "site"
     (fake / "sgl_kernel").mkdir(parents=True)
     (fake / "sgl_kernel" / "__init__.py").write_text("")
-    env = {k: v for k, v in os.environ.items() if k != ge.FA3_ENV}
+    env = {k: v for k, v in os.environ.items() if k != child_env.FA3_ENV}
     env["PYTHONPATH"] = str(fake)
-    assert ge.fa3_available(env) is False  # the package, but no flash_ops
+    assert child_env.fa3_available(env) is False  # the package, but no flash_ops
     (fake / "sgl_kernel" / "flash_ops.py").write_text("")
     env["PYTHONPATH"] = str(fake) + os.pathsep  # another key: not the cached answer
-    assert ge.fa3_available(env) is True
-    assert ge.fa3_available(dict(env, **{ge.FA3_ENV: "0"})) is False
-    assert "not installed" in ge.fa3_line(False) and "installed" in ge.fa3_line(True)
+    assert child_env.fa3_available(env) is True
+    assert child_env.fa3_available(dict(env, **{child_env.FA3_ENV: "0"})) is False
+    assert "not installed" in child_env.fa3_line(False) and "installed" in child_env.fa3_line(True)
 
 
 def test_tiny_model_eos_ids(tmp_path: Path) -> None:
-    sys.path.insert(0, str(SCRIPTS))
-    from make_tiny_models import llama_config
-
-    (tmp_path / "config.json").write_text(json.dumps(llama_config()))
-    assert ge.eos_token_ids(tmp_path) == [2]
+    (tmp_path / "config.json").write_text(json.dumps(model_factory.llama_config()))
+    assert model_factory.eos_token_ids(tmp_path) == [2]
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [2, 9]}))
-    assert ge.eos_token_ids(tmp_path) == [2, 9]
+    assert model_factory.eos_token_ids(tmp_path) == [2, 9]
 
 
 def test_spec_engine_kwargs_and_effective_config() -> None:
-    kw = ge.spec_engine_kwargs("t", "d", algorithm="EAGLE3", backend="fa3", pcg=True, mem_fraction=0.1,
+    kw = engine_config.spec_engine_kwargs("t", "d", algorithm="EAGLE3", backend="fa3", pcg=True, mem_fraction=0.1,
                                cuda_graph_max_bs=64, pcg_max_tokens=512, page_size=16)
     assert kw["attention_backend"] == "fa3" and kw["disable_piecewise_cuda_graph"] is False
     assert kw["piecewise_cuda_graph_max_tokens"] == 512 and kw["cuda_graph_max_bs"] == 64 and kw["page_size"] == 16
     assert (kw["speculative_num_steps"], kw["speculative_eagle_topk"], kw["speculative_num_draft_tokens"]) == (3, 1, 4)
-    default = ge.spec_engine_kwargs("t", "d", backend="default", pcg=None, mem_fraction=0.1)
+    default = engine_config.spec_engine_kwargs("t", "d", backend="default", pcg=None, mem_fraction=0.1)
     assert "attention_backend" not in default and "disable_piecewise_cuda_graph" not in default
 
     class Engine:
@@ -177,14 +169,14 @@ def test_spec_engine_kwargs_and_effective_config() -> None:
             return {"attention_backend": "fa3", "disable_piecewise_cuda_graph": False, "page_size": 1,
                     "version": "0.5.12.post1", "tp_size": 1}
 
-    eff = ge.effective_config(Engine())
+    eff = engine_config.effective_config(Engine())
     assert eff == {"attention_backend": "fa3", "disable_piecewise_cuda_graph": False, "page_size": 1,
                    "version": "0.5.12.post1"}
-    assert "error" in ge.effective_config(object())
-    assert ge.config_label(eff, requested_backend="default") == "fa3 (SGLang's default), PCG on, page 1"
+    assert "error" in engine_config.effective_config(object())
+    assert engine_config.config_label(eff, requested_backend="default") == "fa3 (SGLang's default), PCG on, page 1"
     line = "[x INFO pid=1] Attention backend not specified. Use fa3 backend by default."
-    assert ge.config_label(None, requested_backend="default", log_text=line) == "fa3 (SGLang's default), PCG ?"
-    assert ge.config_label({"attention_backend": "triton", "disable_piecewise_cuda_graph": True},
+    assert engine_config.config_label(None, requested_backend="default", log_text=line) == "fa3 (SGLang's default), PCG ?"
+    assert engine_config.config_label({"attention_backend": "triton", "disable_piecewise_cuda_graph": True},
                            requested_backend="triton") == "triton, PCG off"
 
 
@@ -208,8 +200,8 @@ def test_smoke_gives_each_engine_its_ports_and_reports_a_dead_engine_as_a_harnes
             return 1, 4.0, None, "Traceback (most recent call last):\ntorch.distributed.DistNetworkError: EADDRINUSE\n"
         return 0, 4.0, {"pid": 1, "startup_s": 1.0, "outputs": []}, ""
 
-    monkeypatch.setattr(ge, "run_worker", fake_worker)
-    monkeypatch.setenv(ge.FA3_ENV, "0")
+    monkeypatch.setattr(launch, "run_worker", fake_worker)
+    monkeypatch.setenv(child_env.FA3_ENV, "0")
     model = _smoke_models(tmp_path)
     out = tmp_path / "smoke.json"
     rc = smoke.main(["--target", str(model), "--draft", str(model), "--log-dir", str(tmp_path / "logs"),
@@ -225,13 +217,13 @@ def test_smoke_gives_each_engine_its_ports_and_reports_a_dead_engine_as_a_harnes
         ports = doc["runs"][name]["ports"]
         assert (kw["port"], kw["nccl_port"], env["SGLANG_PORT"]) == (
             ports["port"], ports["nccl_port"], str(ports["sglang_port"]))
-        blocks.append(set(range(ports["base"], ports["base"] + ge.PORT_BLOCK)))
+        blocks.append(set(range(ports["base"], ports["base"] + port_blocks.PORT_BLOCK)))
     assert len(blocks) == 2 and not blocks[0] & blocks[1]
 
 
 def test_smoke_skips_the_default_configuration_without_fa3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ge, "run_worker", lambda *a, **k: pytest.fail("no Engine may start"))
-    monkeypatch.setenv(ge.FA3_ENV, "0")
+    monkeypatch.setattr(launch, "run_worker", lambda *a, **k: pytest.fail("no Engine may start"))
+    monkeypatch.setenv(child_env.FA3_ENV, "0")
     model = _smoke_models(tmp_path)
     out = tmp_path / "smoke.json"
     assert smoke.main(["--target", str(model), "--draft", str(model), "--attention-backend", "default",
