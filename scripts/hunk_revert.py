@@ -389,20 +389,19 @@ def parse_share(text: str) -> tuple[int, int]:
 def select_hunks(
     refs: Sequence[HunkRef],
     *,
-    patch: int | None = None,
+    patches: Sequence[int] = (),
     hunks: Sequence[tuple[int, int]] = (),
     share: tuple[int, int] | None = None,
 ) -> list[HunkRef]:
-    """The hunks a run covers: all, one patch's, named ``(patch, hunk)`` pairs, and/or a share."""
+    """The hunks a run covers: every hunk of ``patches`` and each ``(patch, hunk)`` named
+    (all hunks when neither is given), then of those the ``share`` ``(I, M)``."""
+    missing = set(hunks) - {(r.patch, r.hunk) for r in refs}
+    missing |= {(k, 0) for k in patches if k not in {r.patch for r in refs}}
+    if missing:
+        raise ValueError(f"no such hunk(s) (patch, hunk; 0 = the patch): {sorted(missing)}")
     chosen = list(refs)
-    if patch is not None:
-        chosen = [r for r in chosen if r.patch == patch]
-    if hunks:
-        wanted = set(hunks)
-        missing = wanted - {(r.patch, r.hunk) for r in refs}
-        if missing:
-            raise ValueError(f"no such hunk(s): {sorted(missing)}")
-        chosen = [r for r in chosen if (r.patch, r.hunk) in wanted]
+    if patches or hunks:
+        chosen = [r for r in chosen if r.patch in patches or (r.patch, r.hunk) in hunks]
     if share is not None:
         i, m = share
         chosen = [r for r in chosen if r.index % m == i]
@@ -591,11 +590,14 @@ class Trees:
         _drop_bytecode(wt, self.touched)
 
     def apply_saved(self, wt: Path, k: int) -> bool:
-        """Apply patch ``k`` as written to the worktree; False (tree unchanged) if it does not
-        apply."""
-        diff = self.patch_files[k - 1]
-        ok = subprocess.run(["git", "-C", str(wt), "apply", str(diff)],
-                            capture_output=True).returncode == 0
+        """Apply patch ``k`` as written to the worktree, with a three-way merge where its
+        context moved; False when it does not apply (a conflict: the worktree is then left as
+        it is, to be reset)."""
+        diff = str(self.patch_files[k - 1])
+        ok = any(
+            subprocess.run(["git", "-C", str(wt), "apply", *how, diff],
+                           capture_output=True).returncode == 0
+            for how in ([], ["--3way"]))
         _drop_bytecode(wt, self.touched)
         return ok
 
@@ -807,11 +809,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0],
         epilog="Exit status: 0 when every checked hunk is killed or has no behaviour, 1 when "
                "one survives (or could not be checked), 2 for bad arguments.")
-    parser.add_argument("--patch", type=int, help="only the hunks of patch N (1-based)")
+    parser.add_argument("--patch", type=int, action="append", default=[], metavar="N",
+                        help="the hunks of patch N (1-based; repeatable, adds to --hunk)")
     parser.add_argument("--hunk", type=_hunk_arg, action="append", default=[],
-                        metavar="N:H", help="only hunk H of patch N (repeatable)")
+                        metavar="N:H", help="hunk H of patch N (repeatable)")
     parser.add_argument("--share", type=parse_share, metavar="I/M",
-                        help="only the hunks whose global number is I modulo M")
+                        help="of the hunks chosen (default all), those whose global number "
+                             "is I modulo M")
     parser.add_argument("--jobs", type=int, default=1, help="hunks checked at once (default 1)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help=f"seconds per pytest run (default {DEFAULT_TIMEOUT_S:.0f}); a "
@@ -827,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     patches = load_patches()
     try:
-        refs = select_hunks(number_hunks(patches), patch=args.patch, hunks=args.hunk,
+        refs = select_hunks(number_hunks(patches), patches=args.patch, hunks=args.hunk,
                             share=args.share)
     except ValueError as exc:
         parser.error(str(exc))

@@ -163,7 +163,8 @@ class Simulation:
         self.sched = make_scheduler(self.worker, algorithm, self.req_to_token_pool,
                                     self.allocator, self.tree_cache, self.model_config,
                                     server_args=server_args)
-        assert self.sched.future_map.needs_cpu_seq_lens == mirror
+        # Before back-port 4 the relay always keeps the mirror (no needs_cpu_seq_lens yet).
+        assert getattr(self.sched.future_map, "needs_cpu_seq_lens", True) == mirror
         # Every host read inside resolve_seq_lens_cpu (the one place the mirror is made).
         self.resolve_hits: list[list[tuple[str, bool]]] = []
         fm = self.sched.future_map
