@@ -35,6 +35,7 @@ import concurrent.futures
 import dataclasses
 import datetime
 import functools
+import hashlib
 import importlib.metadata
 import json
 import logging
@@ -67,6 +68,10 @@ SHARED_TEST_FILES: dict[str, str] = {
     "tests/test_future_map.py": "publish_stash",
     "tests/test_selfcheck.py": "publish_stash",
 }
+#: Hunks that survive because reverting them alone changes nothing observable (each with
+#: the reason), keyed by :func:`hunk_id`. A listed hunk that survives is reported as
+#: ``no-effect``; one that a test kills is simply killed.
+NO_EFFECT_FILE = ROOT / "scripts" / "hunk_revert_no_effect.json"
 DEFAULT_TIMEOUT_S = 900.0
 #: Environment variable through which this module, loaded as a pytest plugin in the test
 #: process (``-p hunk_revert``), learns where to append each test's outcome.
@@ -277,6 +282,20 @@ def revert_hunk(after: str, hunk: Hunk) -> str:
     if [ln.rstrip("\n") for ln in found] != [ln.rstrip("\n") for ln in new]:
         raise ValueError(f"hunk {hunk.header.strip()} does not stand at line {hunk.new_start}")
     return "".join(lines[:start] + hunk.old_side() + lines[start + len(new) :])
+
+
+def hunk_id(path: str, hunk: Hunk) -> str:
+    """A name for a hunk that survives line shifts: its file and body lines, hashed."""
+    return hashlib.sha256((path + "\n" + "".join(hunk.lines)).encode()).hexdigest()[:16]
+
+
+def load_no_effect(path: Path = NO_EFFECT_FILE) -> dict[str, dict[str, Any]]:
+    """The declared no-effect hunks, by :func:`hunk_id`."""
+    entries = json.loads(path.read_text()) if path.exists() else []
+    found = {e["id"]: e for e in entries}
+    if len(found) != len(entries):
+        raise ValueError(f"{path}: an id is listed twice")
+    return found
 
 
 # ----------------------------------------------------------------------------- classification
@@ -620,7 +639,8 @@ class HunkResult:
     file: str
     scope: str
     lines: str
-    verdict: str  # killed | no-behaviour | survived | error
+    verdict: str  # killed | no-behaviour | no-effect | survived | error
+    hunk_id: str = ""
     mode: str | None = None  # where it was killed: "prefix" or "series"
     killed_by: str | None = None
     reason: str | None = None
@@ -640,6 +660,7 @@ class Checker:
         self.base = base
         self.timeout_s = timeout_s
         self.trees = Trees(base, patches, jobs)
+        self.no_effect = load_no_effect()
         self._passing: dict[tuple[int, str], list[str]] = {}
         self._locks = {k: threading.Lock() for k in range(len(patches) + 1)}
         self.baseline_log: list[dict[str, Any]] = []
@@ -678,7 +699,8 @@ class Checker:
         first, last = min(changed), max(changed)
         result = HunkResult(
             ref.index, ref.patch, patch.name, ref.hunk, fdiff.path, scopes(after, changed),
-            f"{first}-{last}" if last != first else str(first), verdict="error")
+            f"{first}-{last}" if last != first else str(first), verdict="error",
+            hunk_id=hunk_id(fdiff.path, hunk))
         try:
             before = revert_hunk(after, hunk)
             reason = no_behaviour_reason(before, after)
@@ -708,7 +730,11 @@ class Checker:
                     if run.returncode not in (0, None):
                         result.reason = f"pytest exited {run.returncode}:\n{run.tail[-1500:]}"
                         return result
-            result.verdict = "survived"
+            declared = self.no_effect.get(result.hunk_id)
+            if declared is not None:
+                result.verdict, result.reason = "no-effect", declared["reason"]
+            else:
+                result.verdict = "survived"
             return result
         except Exception as exc:  # recorded as an error verdict; the run goes on
             logger.exception("patch %d hunk %d", ref.patch, ref.hunk)
@@ -767,7 +793,7 @@ def run_check(refs: Sequence[HunkRef], patches: Sequence[Patch], *, jobs: int = 
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(checker.check, refs))
     counts = {v: sum(r.verdict == v for r in results)
-              for v in ("killed", "no-behaviour", "survived", "error")}
+              for v in ("killed", "no-behaviour", "no-effect", "survived", "error")}
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "sglang_version": importlib.metadata.version("sglang"),
@@ -789,6 +815,8 @@ def markdown_table(record: dict[str, Any]) -> str:
             outcome = f"killed by `{h['killed_by']}`"
         elif h["verdict"] == "no-behaviour":
             outcome = f"no behaviour: {h['reason']}"
+        elif h["verdict"] == "no-effect":
+            outcome = f"no observable effect (survives every test): {h['reason']}"
         else:
             outcome = f"**{h['verdict']}**" + (f": {h['reason'].splitlines()[0]}" if h["reason"] else "")
         where = f"`{h['file'].removeprefix('python/sglang/')}` `{h['scope']}` {h['lines']}"
@@ -838,7 +866,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for r in refs:
             f, h = patches[r.patch - 1].hunks()[r.hunk - 1]
-            print(f"{r.index:4d}  {r.patch}:{r.hunk}  {f.path} {h.header.strip()}")
+            print(f"{r.index:4d}  {r.patch}:{r.hunk}  {hunk_id(f.path, h)}  {f.path} "
+                  f"{h.header.strip()}")
         return 0
     if not refs:
         parser.error("no hunk selected")
@@ -851,7 +880,8 @@ def main(argv: list[str] | None = None) -> int:
         args.markdown.write_text(markdown_table(record))
     c = record["counts"]
     print(f"{record['hunks_checked']} of {record['hunks_in_series']} hunks: {c['killed']} killed, "
-          f"{c['no-behaviour']} no behaviour, {c['survived']} survived, {c['error']} errors "
+          f"{c['no-behaviour']} no behaviour, {c['no-effect']} no observable effect, "
+          f"{c['survived']} survived, {c['error']} errors "
           f"({record['wall_s']:.0f} s)")
     for h in record["hunks"]:
         if h["verdict"] in ("survived", "error"):

@@ -209,6 +209,24 @@ def test_the_series_hunks_without_behaviour_change_only_comments_blank_lines_and
     assert found, "the series has docstring-only hunks (e.g. in resolve_seq_lens_cpu)"
 
 
+def test_every_hunk_declared_without_observable_effect_is_in_the_series_as_labelled():
+    """A declaration names its hunk by content: when the series changes the hunk, the
+    declaration no longer matches (and this fails) instead of silently covering another."""
+    patches = hr.load_patches()
+    where = {hr.hunk_id(f.path, h): (p.name, n, f.path)
+             for p in patches for n, (f, h) in enumerate(p.hunks(), start=1)}
+    assert len(where) == len(hr.number_hunks(patches))  # ids are unique
+    declared = hr.load_no_effect()
+    for hid, entry in declared.items():
+        assert hid in where, f"stale declaration: {entry['patch']} hunk {entry['hunk']}"
+        assert where[hid] == (entry["patch"], entry["hunk"], entry["file"]), entry
+        assert len(entry["reason"]) > 80 and entry["where"], entry
+    assert hr.hunk_id("a.py", hr.Hunk("@@ -1 +1 @@\n", ("-x\n", "+y\n"))) != hr.hunk_id(
+        "a.py", hr.Hunk("@@ -9 +9 @@\n", ("-x\n", "+z\n")))
+    assert hr.hunk_id("a.py", hr.Hunk("@@ -1 +1 @@\n", ("-x\n", "+y\n"))) == hr.hunk_id(
+        "a.py", hr.Hunk("@@ -9 +9 @@\n", ("-x\n", "+y\n")))  # line shifts do not matter
+
+
 def test_enclosing_scope_names_the_innermost_def():
     src = "class A:\n    def f(self):\n        def g():\n            return 1\n        return g\n\nX = 1\n"
     assert hr.enclosing_scope(src, 4) == "A.f.g"
@@ -300,7 +318,7 @@ def test_command_line_help_and_list():
                          cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[:2] == [str(hr.select_hunks(
-        hr.number_hunks(hr.load_patches()), patch=7)[0].index), "7:1"]
+        hr.number_hunks(hr.load_patches()), patches=[7])[0].index), "7:1"]
     out = subprocess.run([sys.executable, "scripts/hunk_revert.py", "--share", "9/9"],
                          cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 2
