@@ -13,9 +13,16 @@ tests.
 A test counts only if it passes on the same prefix with the hunk in place (the baseline:
 patches 1..k whole), since a test written against the whole series may need a later patch.
 The back-port's own test file runs first; the other eligible files run only when it kills
-nothing. A hunk that leaves the module's syntax tree unchanged but for docstrings (comments,
-blank lines, docstrings, layout) is classified as having no behaviour, with that reason,
-and is not run. Anything else that no test kills is a *survivor*; the exit status is then 1.
+nothing. A hunk that no test of its prefix kills is tried once more on the whole series:
+patches k+1.. applied on top of the mutant (with a three-way merge where their context moved;
+where one does not apply, only the prefix counts), against every behaviour test.
+
+A hunk that leaves the module's syntax tree unchanged but for docstrings (comments, blank
+lines, docstrings, layout) is classified as having no behaviour, with that reason, and is not
+run. A hunk whose revert alone has no observable effect (e.g. a call left to a function that
+another hunk made a no-op) is declared in ``scripts/hunk_revert_no_effect.json`` with the
+reason; it still runs, and is reported as ``no-effect`` when it survives. Anything else that
+no test kills is a *survivor*; the exit status is then 1.
 
 Run it with the CPU environment on a CPU host::
 

@@ -279,11 +279,12 @@ def test_every_behaviour_test_file_belongs_to_a_backport_and_the_own_file_runs_f
     named = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")
              if p.stem.removeprefix("test_") in SERIES}
     assert named <= set(tests)
-    assert hr.stages_for(4, tests, SERIES) == [
-        ["tests/test_cpu_seq_lens_optional.py"],
-        ["tests/test_overlap_simulation.py", "tests/test_future_map.py", "tests/test_selfcheck.py"]]
-    assert hr.stages_for(3, tests, SERIES) == [
-        ["tests/test_overlap_simulation.py", "tests/test_future_map.py", "tests/test_selfcheck.py"]]
+    early = ["tests/test_overlap_simulation.py", "tests/test_future_map.py",
+             "tests/test_selfcheck.py", "tests/test_worker_on_publish.py"]
+    assert hr.stages_for(4, tests, SERIES) == [["tests/test_cpu_seq_lens_optional.py"], early]
+    assert hr.stages_for(3, tests, SERIES) == [early]  # drop-verify-done has no file of its own
+    assert hr.stages_for(1, tests, SERIES) == [
+        ["tests/test_overlap_simulation.py", "tests/test_worker_on_publish.py"]]
     whole = hr.stages_for(len(SERIES), tests, SERIES, first=4)
     assert whole[0] == ["tests/test_cpu_seq_lens_optional.py"] and len(whole[1]) == len(tests) - 1
     with pytest.raises(ValueError):
