@@ -172,14 +172,14 @@ def _docstring_lines(source: str) -> set[int]:
 def test_the_series_hunks_without_behaviour_change_only_comments_blank_lines_and_docstrings():
     """On the real series (applied in memory to the installed, pristine SGLang files): every
     hunk the check calls behaviour-free touches only blank lines, comments and docstring
-    lines, on both sides; every other hunk changes the module's syntax tree."""
+    lines, on both sides; every other hunk changes the module's syntax tree. (The series may
+    have no such hunk: its text edits leave SGLang's docstrings alone.)"""
     import ast
 
     import sglang
 
     site = Path(sglang.__file__).resolve().parent.parent
     texts: dict[str, str] = {}
-    found = []
     for k, p in enumerate(hr.load_patches(), start=1):
         for f in p.files:
             rel = f.path.removeprefix("python/")
@@ -196,7 +196,6 @@ def test_the_series_hunks_without_behaviour_change_only_comments_blank_lines_and
             if hr.no_behaviour_reason(before, after) is None:
                 assert ast.dump(ast.parse(before)) != ast.dump(ast.parse(after)), (k, n)
                 continue
-            found.append((k, n))
             docs = {"+": _docstring_lines(after), "-": _docstring_lines(before)}
             at = {"+": h.new_start, "-": h.new_start}  # the old side starts there in before
             for ln in h.lines:
@@ -206,7 +205,6 @@ def test_the_series_hunks_without_behaviour_change_only_comments_blank_lines_and
                 for side in "+-":
                     if kind == side or kind == " ":
                         at[side] += 1
-    assert found, "the series has docstring-only hunks (e.g. in resolve_seq_lens_cpu)"
 
 
 def test_every_hunk_declared_without_observable_effect_is_in_the_series_as_labelled():
@@ -273,14 +271,14 @@ def test_every_behaviour_test_file_belongs_to_a_backport_and_the_own_file_runs_f
     assert tests == BEHAVIOUR_TESTS
     numbers = {t: hr.backport_of_test(t, SERIES) for t in tests}
     assert numbers["tests/test_cpu_seq_lens_optional.py"] == 4
-    assert numbers["tests/test_chain_fast_path.py"] == len(SERIES)
+    assert numbers["tests/test_chain_fast_path.py"] == SERIES.index("chain_fast_path") + 1
     assert numbers["tests/test_overlap_simulation.py"] == 1
     # Every test file named after a back-port module is a behaviour test.
     named = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")
              if p.stem.removeprefix("test_") in SERIES}
     assert named <= set(tests)
     early = ["tests/test_overlap_simulation.py", "tests/test_future_map.py",
-             "tests/test_selfcheck.py", "tests/test_worker_on_publish.py"]
+             "tests/test_worker_on_publish.py", "tests/test_selfcheck.py"]
     assert hr.stages_for(4, tests, SERIES) == [["tests/test_cpu_seq_lens_optional.py"], early]
     assert hr.stages_for(3, tests, SERIES) == [early]  # drop-verify-done has no file of its own
     assert hr.stages_for(1, tests, SERIES) == [
