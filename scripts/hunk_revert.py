@@ -637,6 +637,10 @@ class Trees:
 # ----------------------------------------------------------------------------- the check
 
 
+#: What a checked hunk can come to (``no-effect``: declared, and no test killed it).
+VERDICTS = ("killed", "no-behaviour", "no-effect", "survived", "error")
+
+
 @dataclass
 class HunkResult:
     index: int
@@ -799,12 +803,13 @@ def run_check(refs: Sequence[HunkRef], patches: Sequence[Patch], *, jobs: int = 
         checker = Checker(patches, SERIES, tests, base, jobs, timeout_s)
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(checker.check, refs))
-    counts = {v: sum(r.verdict == v for r in results)
-              for v in ("killed", "no-behaviour", "no-effect", "survived", "error")}
+    counts = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "sglang_version": importlib.metadata.version("sglang"),
         "python": sys.version.split()[0],
+        "series": [p.name for p in patches],
+        "series_sha256": hashlib.sha256("".join(p.render() for p in patches).encode()).hexdigest(),
         "hunks_in_series": len(number_hunks(patches)),
         "hunks_checked": len(results),
         "counts": counts,
@@ -814,22 +819,83 @@ def run_check(refs: Sequence[HunkRef], patches: Sequence[Patch], *, jobs: int = 
     }
 
 
+def patch_summary(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per patch of ``record``: its name, how many of its hunks were checked, and how many
+    got each verdict (``no-effect`` is a declared hunk that survived)."""
+    rows: dict[int, dict[str, Any]] = {}
+    for h in record["hunks"]:
+        row = rows.setdefault(h["patch"], {"patch": h["patch"], "name": h["patch_name"],
+                                           "hunks": 0, **{v: 0 for v in VERDICTS}})
+        row["hunks"] += 1
+        row[h["verdict"]] += 1
+    return [rows[k] for k in sorted(rows)]
+
+
+def _counts_line(record: dict[str, Any]) -> str:
+    c = record["counts"]
+    return (f"{record['hunks_checked']} of {record['hunks_in_series']} hunks: "
+            f"{c.get('killed', 0)} killed, {c.get('no-behaviour', 0)} no behaviour, "
+            f"{c.get('no-effect', 0)} declared without observable effect, "
+            f"{c.get('survived', 0)} survived, {c.get('error', 0)} errors")
+
+
 def markdown_table(record: dict[str, Any]) -> str:
+    """The per-hunk table: where each hunk is and what became of it (the killing test)."""
     rows = ["| # | patch | hunk | where (post-image lines) | outcome | wall s |",
             "|---|---|---|---|---|---|"]
     for h in record["hunks"]:
         if h["verdict"] == "killed":
             outcome = f"killed by `{h['killed_by']}`"
+            if h.get("mode") == "series":
+                outcome += " (whole series)"
         elif h["verdict"] == "no-behaviour":
             outcome = f"no behaviour: {h['reason']}"
         elif h["verdict"] == "no-effect":
-            outcome = f"no observable effect (survives every test): {h['reason']}"
+            outcome = f"declared, no observable effect (survives every test): {h['reason']}"
         else:
             outcome = f"**{h['verdict']}**" + (f": {h['reason'].splitlines()[0]}" if h["reason"] else "")
         where = f"`{h['file'].removeprefix('python/sglang/')}` `{h['scope']}` {h['lines']}"
         rows.append(f"| {h['index']} | {h['patch']:04d} | {h['hunk']} | {where} | {outcome} | "
                     f"{h['wall_s']:.0f} |")
     return "\n".join(rows) + "\n"
+
+
+def markdown_report(record: dict[str, Any], before: dict[str, Any] | None = None,
+                    before_name: str | None = None) -> str:
+    """The record as a Markdown page: when, on what, the command and its wall time, the
+    totals (and those of ``before``, an earlier record), one row per patch, one per hunk."""
+    lines = [
+        "# Hunk-revert check: each hunk of `patches/` reverted alone",
+        "",
+        f"- date: {record['date']}",
+        f"- SGLang {record['sglang_version']}, Python {record['python']}",
+        f"- command: `scripts/cpu-env.sh python {record.get('command', 'scripts/hunk_revert.py')}`",
+        f"- wall time: {record['wall_s']:.0f} s ({record['wall_s'] / 60:.0f} min)",
+        f"- result: {_counts_line(record)}",
+    ]
+    if before is not None:
+        lines.append(f"- before{f' ({before_name})' if before_name else ''}: {_counts_line(before)}"
+                     f", {before['wall_s']:.0f} s, {before['date']}")
+    lines += [
+        "",
+        "A hunk is *killed* when a behaviour test that passes with it fails without it (on its",
+        "prefix of the series, or else on the whole series); *no behaviour*: it changes only",
+        "comments, layout or docstrings; *declared*: listed in",
+        "`scripts/hunk_revert_no_effect.json` with the reason its revert alone changes nothing",
+        "observable; *survived*: none of these (the check fails).",
+        "",
+        "| patch | hunks | killed | no behaviour | declared | survived | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in patch_summary(record):
+        lines.append(f"| {row['name'].removesuffix('.patch')} | {row['hunks']} | {row['killed']} | "
+                     f"{row['no-behaviour']} | {row['no-effect']} | {row['survived']} | "
+                     f"{row['error']} |")
+    c = record["counts"]
+    lines.append(f"| **all** | {record['hunks_checked']} | {c['killed']} | {c['no-behaviour']} | "
+                 f"{c['no-effect']} | {c['survived']} | {c['error']} |")
+    lines += ["", "## Per hunk", "", markdown_table(record)]
+    return "\n".join(lines)
 
 
 def _hunk_arg(text: str) -> tuple[int, int]:
@@ -856,7 +922,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"seconds per pytest run (default {DEFAULT_TIMEOUT_S:.0f}); a "
                              "mutant that runs over it counts as killed")
     parser.add_argument("--json", type=Path, help="write the record as JSON here")
-    parser.add_argument("--markdown", type=Path, help="write the per-hunk table here")
+    parser.add_argument("--markdown", type=Path, help="write the record as a Markdown page here "
+                        "(totals, per patch, per hunk with the killing test)")
+    parser.add_argument("--before", type=Path, help="an earlier JSON record whose totals the "
+                        "Markdown page shows next to this run's")
     parser.add_argument("--keep", type=Path, help="build the trees here and keep them "
                         "(default: a temporary directory, removed at the end)")
     parser.add_argument("--list", action="store_true", help="list the selected hunks and stop")
@@ -884,12 +953,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(record, indent=1) + "\n")
     if args.markdown:
-        args.markdown.write_text(markdown_table(record))
+        before = json.loads(args.before.read_text()) if args.before else None
+        args.markdown.write_text(markdown_report(
+            record, before, args.before.name if args.before else None))
     c = record["counts"]
-    print(f"{record['hunks_checked']} of {record['hunks_in_series']} hunks: {c['killed']} killed, "
-          f"{c['no-behaviour']} no behaviour, {c['no-effect']} no observable effect, "
-          f"{c['survived']} survived, {c['error']} errors "
-          f"({record['wall_s']:.0f} s)")
+    print(f"{_counts_line(record)} ({record['wall_s']:.0f} s)")
     for h in record["hunks"]:
         if h["verdict"] in ("survived", "error"):
             print(f"  {h['verdict'].upper()}: patch {h['patch']} hunk {h['hunk']} "

@@ -308,6 +308,37 @@ def test_outcomes_fold_phases_into_one_verdict_per_test():
     assert run.skipped == ["t.py::c"]
 
 
+def _record(verdicts: list[tuple[int, str]]) -> dict:
+    hunks = [{"index": i, "patch": k, "patch_name": f"{k:04d}-P{k}.patch", "hunk": i + 1,
+              "file": "python/sglang/srt/m.py", "scope": "f", "lines": "3", "verdict": v,
+              "mode": "prefix" if v == "killed" else None,
+              "killed_by": "tests/test_x.py::test_y" if v == "killed" else None,
+              "reason": None if v == "killed" else "why", "wall_s": 9.0}
+             for i, (k, v) in enumerate(verdicts)]
+    return {"date": "2026-01-01T00:00:00+00:00", "sglang_version": "0.5.12.post1",
+            "python": "3.11", "command": "scripts/hunk_revert.py --json r.json",
+            "hunks_in_series": len(hunks), "hunks_checked": len(hunks), "wall_s": 600.0,
+            "counts": {v: sum(h["verdict"] == v for h in hunks) for v in hr.VERDICTS},
+            "hunks": hunks}
+
+
+def test_markdown_page_has_the_run_the_totals_per_patch_and_the_killing_test():
+    record = _record([(1, "killed"), (1, "no-effect"), (2, "killed"), (2, "survived")])
+    before = _record([(1, "survived")])
+    del before["counts"]["no-effect"]  # an older record, before declarations existed
+    assert [(r["patch"], r["hunks"], r["killed"], r["no-effect"], r["survived"])
+            for r in hr.patch_summary(record)] == [(1, 2, 1, 1, 0), (2, 2, 1, 0, 1)]
+    page = hr.markdown_report(record, before, "old.json")
+    assert "- SGLang 0.5.12.post1" in page and "2026-01-01" in page and "600 s" in page
+    assert "`scripts/cpu-env.sh python scripts/hunk_revert.py --json r.json`" in page
+    assert "- before (old.json): 1 of 1 hunks: 0 killed" in page
+    assert "| 0001-P1 | 2 | 1 | 0 | 1 | 0 | 0 |" in page
+    assert "| **all** | 4 | 2 | 0 | 1 | 1 | 0 |" in page
+    assert page.count("killed by `tests/test_x.py::test_y`") == 2
+    assert "declared, no observable effect (survives every test): why" in page
+    assert "**survived**: why" in page
+
+
 def test_command_line_help_and_list():
     env = subprocess_env()
     out = subprocess.run([sys.executable, "scripts/hunk_revert.py", "--help"], cwd=ROOT,
@@ -329,8 +360,10 @@ def test_ci_share_has_no_survivor(tmp_path: Path):
     """The fixed share of the check that the test command runs: each of its hunks reverted
     alone must fail a behaviour test (or have no behaviour). Minutes; see the README."""
     record = tmp_path / "share.json"
+    jobs = str(min(2, os.cpu_count() or 1))  # CI's two cores: the rest of the suite waits
     out = subprocess.run(
-        [sys.executable, "scripts/hunk_revert.py", "--share", CI_SHARE, "--json", str(record)],
+        [sys.executable, "scripts/hunk_revert.py", "--share", CI_SHARE, "--jobs", jobs,
+         "--json", str(record)],
         cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=3000)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     import json
