@@ -26,9 +26,10 @@ no test kills is a *survivor*; the exit status is then 1.
 
 Run it with the CPU environment on a CPU host::
 
-    scripts/cpu-env.sh python scripts/hunk_revert.py --json OUT.json --markdown OUT.md
+    scripts/cpu-env.sh python scripts/hunk_revert.py --json OUT.json --markdown OUT.md \
+        --before results/hunk-revert/before-new-tests.json     # the whole series, recorded
     scripts/cpu-env.sh python scripts/hunk_revert.py --hunk 4:12        # one hunk
-    scripts/cpu-env.sh python scripts/hunk_revert.py --share 3/12       # the CI share
+    scripts/cpu-env.sh python scripts/hunk_revert.py --share 0/8        # the test command's share
 
 Hunks are numbered per patch from 1, in patch order, and globally from 0 over the whole
 series (``--share I/M`` takes the hunks whose global number is I modulo M).
