@@ -17,12 +17,20 @@ SHIMS = ROOT / "tests" / "cpu_shims"
 #: patches/ applied is first on sys.path and the plugin must find nothing to do
 #: (tests/test_flavours.py runs the behaviour tests that way in a subprocess).
 FLAVOUR = os.environ.get("SGLANG_FUTUREMAP_TEST_FLAVOUR", "plugin")
+#: Set by scripts/hunk_revert.py: the patched tree is a prefix of the series, or has one hunk
+#: reverted, so the gate cannot recognise it; activate_backport() then neither asks the gate nor
+#: installs anything, and the code under test is exactly that tree's source.
+MUTANT = os.environ.get("SGLANG_FUTUREMAP_TEST_MUTANT") == "1"
+if MUTANT and FLAVOUR != "patched-tree":
+    raise RuntimeError("SGLANG_FUTUREMAP_TEST_MUTANT=1 needs SGLANG_FUTUREMAP_TEST_FLAVOUR=patched-tree")
 
 plugin_only = pytest.mark.skipif(
     FLAVOUR != "plugin", reason="exercises the plugin's install/revert, not the patched source")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if MUTANT:
+        os.environ["SGLANG_FUTUREMAP_PATCH"] = "off"  # if SGLang loads its plugins, nothing changes
     os.environ.setdefault("SGLANG_FUTUREMAP_PATCH", "safe")
 
 
@@ -31,10 +39,17 @@ def activate_backport():
 
     Plugin flavour: apply it (strict). Patched-tree flavour: the source already carries it,
     which the gate must recognise -- so the code under test is the patched SGLang source.
+    Mutant mode (patched-tree flavour on a prefix of the series or with one hunk reverted):
+    nothing is asked or installed; returns None.
     """
     import sglang_futuremap_patch as plugin
 
     plugin.revert()
+    if MUTANT:
+        import sglang
+
+        assert os.environ["SGLANG_FUTUREMAP_TREE"] in sglang.__file__
+        return None
     report = plugin.apply(mode="strict")
     if FLAVOUR == "plugin":
         from sglang_futuremap_patch.backports import load_series

@@ -113,3 +113,97 @@ def test_process_prebuilt_seeds_the_relay_by_pool_slot(clean_state, monkeypatch,
         assert seeded_info is spec_info
     else:
         assert spec_info.future_indices is None and seeded == []
+
+
+# --------------------------------------------------------------------------- callers
+
+
+def test_pd_decode_prebuilt_batch_seeds_the_relay_at_its_pool_slots(fmap):
+    """``process_prebuilt`` (PD decode: the prefill ran on another server) hands the relay
+    the request-pool slots, the lengths and the draft state it built from the requests."""
+    from sglang.srt.disaggregation.decode_schedule_batch_mixin import (
+        ScheduleBatchDisaggregationDecodeMixin,
+    )
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    slots = torch.tensor([6, 3])
+    reqs = [SimpleNamespace(output_ids=[100 + s], grammar=None,
+                            skip_radix_cache_insert=True,  # no prefix cache in this test
+                            output_topk_p=[0.5 + s], output_topk_index=[10 * s],
+                            hidden_states_tensor=torch.full((3,), float(s)))
+            for s in slots.tolist()]
+    batch = SimpleNamespace(
+        reqs=reqs, tree_cache=None, device="cpu", enable_overlap=True,
+        spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"),
+        forward_mode=ForwardMode.EXTEND, extend_lens=[2, 3],
+        input_ids=torch.arange(5), seq_lens=torch.tensor([21, 32]), req_pool_indices=slots)
+    server_args = SimpleNamespace(speculative_eagle_topk=1, enable_multi_layer_eagle=False,
+                                  speculative_num_steps=3)
+    ScheduleBatchDisaggregationDecodeMixin.process_prebuilt(batch, server_args, fmap)
+
+    assert torch.equal(batch.spec_info.future_indices.indices, slots)
+    decode = SimpleNamespace(spec_info=SimpleNamespace(future_indices=batch.spec_info.future_indices),
+                             seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None)
+    fmap.resolve_seq_lens_cpu(decode)
+    assert decode.seq_lens.tolist() == [21, 32] and decode.seq_lens_sum == 53
+    worker_batch = SimpleNamespace(spec_info=_draft(torch.tensor([0, 0])))
+    worker_batch.spec_info.future_indices = batch.spec_info.future_indices
+    fmap.resolve_future(worker_batch)
+    assert worker_batch.spec_info.bonus_tokens.tolist() == [106, 103]
+    assert worker_batch.spec_info.topk_index.tolist() == [[60], [30]]
+    assert worker_batch.spec_info.hidden_states.tolist() == [[6.0] * 3, [3.0] * 3]
+
+
+def test_run_batch_relays_a_spec_v2_prefill_through_its_pool_slots(clean_state):
+    """SGLang's ``Scheduler`` (``init_overlap`` and ``run_batch`` as patched) on one EAGLE3
+    prefill: the worker publishes the lengths during the forward, the relay holds them and the
+    draft state at the requests' pool slots, and the batch carries those slots as its future."""
+    from sglang.srt import server_args as sa
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.spec_utils import spec_need_hidden_states
+
+    from conftest import activate_backport
+    from sim_support import HIDDEN, VOCAB, ContractWorker, make_pools, make_scheduler, \
+        make_server_args, payload_code
+
+    activate_backport()
+    previous = sa._global_server_args
+    sa.set_global_server_args_for_scheduler(make_server_args("EAGLE3"))
+    try:
+        truth: dict[str, int] = {}
+        worker = ContractWorker(truth, relay_hidden=spec_need_hidden_states())
+        pools = make_pools(4, 64, kv_tokens=512)
+        model_config = SimpleNamespace(vocab_size=VOCAB, is_encoder_decoder=False,
+                                       is_matryoshka=False, hidden_size=HIDDEN, context_len=64)
+        # A target backend that declares nothing keeps the host mirror (every prefix of the series).
+        sched = make_scheduler(worker, "EAGLE3", *pools, model_config, target_attn_backend=object())
+        reqs = []
+        for num, prompt_len in ((4, 5), (7, 9)):
+            params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+            params.normalize(None)
+            req = Req(f"r-{num}", "", list(range(11, 11 + prompt_len)), params, vocab_size=VOCAB)
+            req.init_next_round_input(pools[2])
+            req.set_extend_input_len(len(req.fill_ids) - len(req.prefix_indices))
+            truth[req.rid] = prompt_len
+            reqs.append(req)
+        batch = ScheduleBatch.init_new(reqs, pools[0], pools[1], pools[2], model_config, True,
+                                       sched.spec_algorithm)
+        batch.prepare_for_extend()
+        slots = batch.req_pool_indices.clone()
+
+        result = sched.run_batch(batch)
+
+        fmap = sched.future_map
+        assert worker.published_during_forward == 1  # through on_publish, not after the forward
+        assert fmap.new_seq_lens_buf[slots].tolist() == [5, 9]
+        assert batch.spec_info is result.next_draft_input
+        assert torch.equal(batch.spec_info.future_indices.indices, slots)
+        worker_batch = SimpleNamespace(spec_info=_draft(torch.tensor([0, 0])))
+        worker_batch.spec_info.future_indices = batch.spec_info.future_indices
+        fmap.resolve_future(worker_batch)
+        assert worker_batch.spec_info.bonus_tokens.tolist() == [
+            payload_code(4, 0), payload_code(7, 0)]
+    finally:
+        sa._global_server_args = previous

@@ -163,7 +163,8 @@ class Simulation:
         self.sched = make_scheduler(self.worker, algorithm, self.req_to_token_pool,
                                     self.allocator, self.tree_cache, self.model_config,
                                     server_args=server_args)
-        assert self.sched.future_map.needs_cpu_seq_lens == mirror
+        # Before back-port 4 the relay always keeps the mirror (no needs_cpu_seq_lens yet).
+        assert getattr(self.sched.future_map, "needs_cpu_seq_lens", True) == mirror
         # Every host read inside resolve_seq_lens_cpu (the one place the mirror is made).
         self.resolve_hits: list[list[tuple[str, bool]]] = []
         fm = self.sched.future_map
@@ -489,3 +490,28 @@ def test_probe_detects_the_stock_schedule_path(rig, patched):
     assert ("Event.synchronize", False) in decode_hits, decode_hits  # verify_done wait
     assert ("Tensor.cpu", True) in decode_hits, decode_hits  # batch.seq_lens.cpu()
     assert ("Tensor.item", False) in decode_hits, decode_hits  # seq_lens_cpu.sum().item()
+
+
+def test_a_request_left_out_of_the_last_prefill_leaves_the_sum_to_the_relay(rig):
+    """``get_next_batch_to_run`` filters the last prefill batch (a chunked request stays out)
+    and merges it into the running batch: neither step may sum the lengths on the host, so
+    the merged sum stays deferred and ``resolve_seq_lens_cpu`` fills it in before the next
+    forward."""
+    rig.use("EAGLE3")
+    sim = Simulation("EAGLE3", ContractWorker, rig.probe)
+    running = sim._prefill_batch([(0, 5, 9), (1, 7, 14)])
+    sim.sched.run_batch(running)
+    last = sim._prefill_batch([(2, 4, 3), (3, 6, 30)])
+    sim.sched.run_batch(last)
+    assert running.seq_lens_sum == 12 and last.seq_lens_sum == 10
+
+    chunked = last.reqs[1]
+    with rig.probe.armed(last.seq_lens, running.seq_lens):
+        last.filter_batch(chunked_req_to_exclude=[chunked])
+        running.merge_batch(last)
+    assert rig.probe.take() == []
+    assert [r.rid for r in running.reqs] == ["r-0", "r-1", "r-2"]
+    assert running.seq_lens.tolist() == [5, 7, 4] and running.seq_lens_sum is None
+
+    sim.sched.future_map.resolve_seq_lens_cpu(running)
+    assert running.seq_lens_sum == 16 and running.seq_lens_cpu.tolist() == [5, 7, 4]

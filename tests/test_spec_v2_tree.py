@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -167,9 +170,19 @@ def test_the_patch_logs_the_plugins_words():
 
 # --------------------------------------------------------------------------- verify
 
-#: SGLang's verify kernels use Triton's reductions, which its CPU interpreter cannot run
-#: for these pre-jitted kernels: the verify tests run on a CUDA host (the GPU box runs them).
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="SGLang's Triton kernels need CUDA")
+#: SGLang's verify kernels use Triton's reductions, which Triton's CPU interpreter runs only
+#: when it is on before they are defined, i.e. before SGLang is imported. So on a CPU host the
+#: verify tests run in a process of their own with ``TRITON_INTERPRET=1``
+#: (``test_verify_tests_pass_in_the_triton_interpreter``); on a CUDA host, on the GPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+needs_cuda = pytest.mark.skipif(
+    DEVICE == "cpu" and not INTERPRETED,
+    reason="SGLang's Triton kernels: on CPU in a process with TRITON_INTERPRET=1 (see below)")
+VERIFY_TESTS = ["test_compaction_moves_the_accepted_path_to_the_front",
+                "test_kv_move_reads_only_the_accepted_index",
+                "test_verify_returns_the_accepted_path_and_its_bonus_token",
+                "test_chain_verify_returns_the_accepted_tokens_and_lengths"]
 
 NUM_STEPS, TOPK, DRAFT = 5, 4, 8
 SEQ_LENS = [5, 9, 3]
@@ -190,7 +203,7 @@ def verify_env(patched, monkeypatch):
     """A real KV pool and request rows (on the GPU)."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    torch.set_default_device("cuda")
+    torch.set_default_device(DEVICE)
     yield from _verify_env(MHATokenToKVPool)
     torch.set_default_device("cpu")
 
@@ -199,7 +212,7 @@ def _verify_env(MHATokenToKVPool):
 
     bs = len(SEQ_LENS)
     pool = MHATokenToKVPool(bs * ROW + 8, page_size=1, dtype=torch.float32, head_num=1,
-                            head_dim=2, layer_num=1, device="cuda", enable_memory_saver=False,
+                            head_dim=2, layer_num=1, device=DEVICE, enable_memory_saver=False,
                             start_layer=0, end_layer=0, enable_kv_cache_copy=True)
     # Each request's pool row, slots 1.. (slot 0 is SGLang's padding slot).
     req_to_token = torch.zeros((bs + 1, ROW), dtype=torch.int32)
@@ -220,7 +233,7 @@ def _worker(env):
 
     w = object.__new__(EAGLEWorkerV2)
     w.speculative_num_draft_tokens, w.speculative_num_steps, w.topk = DRAFT, NUM_STEPS, TOPK
-    w.device = "cuda"
+    w.device = DEVICE
     w.req_to_token_pool = SimpleNamespace(req_to_token=env.req_to_token)
     w.token_to_kv_pool_allocator = SimpleNamespace(get_kvcache=lambda: env.pool)
     return w
@@ -310,6 +323,63 @@ def test_verify_returns_the_accepted_path_and_its_bonus_token(verify_env):
         assert result.next_draft_input.bonus_tokens[r].item() == accepted[-1]
     assert result.accept_lens.tolist() == [len(p) for p in PATHS]
     assert result.next_draft_input.new_seq_lens.tolist() == [s + len(p) for s, p in zip(SEQ_LENS, PATHS)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["eagle", "multi_layer"])
+def test_chain_verify_returns_the_accepted_tokens_and_lengths(verify_env, kind):
+    """A chain (topk 1) through SGLang's ``verify`` of both spec-v2 workers as the series
+    leaves them: the accepted tokens, each request's bonus token (its last accepted one) and
+    the new lengths the worker publishes; no ``verify_done`` event any more (back-port 3)."""
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+    from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
+
+    cls = {"eagle": EAGLEWorkerV2, "multi_layer": MultiLayerEagleWorkerV2}[kind]
+    steps, bs = 3, verify_env.bs
+    w = object.__new__(cls)
+    w.speculative_num_draft_tokens, w.speculative_num_steps, w.topk = steps + 1, steps, 1
+    w.device = DEVICE
+    w.req_to_token_pool = SimpleNamespace(req_to_token=verify_env.req_to_token)
+    w.plan_stream, w.plan_stream_ctx = None, contextlib.nullcontext()
+    predict = torch.arange(100, 100 + bs * (steps + 1), dtype=torch.int32)
+    accept_lens = torch.tensor([2, 4, 1], dtype=torch.int32)
+    accept_index = torch.tensor([[r * (steps + 1) + i if i < n else -1 for i in range(steps + 1)]
+                                 for r, n in enumerate(accept_lens.tolist())], dtype=torch.int32)
+    logits_output = SimpleNamespace(hidden_states=None,
+                                    next_token_logits=torch.zeros(bs * (steps + 1), 4))
+    verify_input = SimpleNamespace(
+        prepare_for_v2_verify=lambda *a: (SimpleNamespace(), False),
+        sample=lambda *a: (predict, accept_lens, accept_index))
+    w._target_worker = SimpleNamespace(
+        forward_batch_generation=lambda **kw: SimpleNamespace(
+            logits_output=logits_output, routed_experts_output=None, indexer_topk_output=None),
+        model_runner=SimpleNamespace(hybrid_gdn_config=None, mamba2_config=None))
+    batch = _batch(verify_env, verify_input)
+    result = w.verify(batch)
+    assert result.next_token_ids.tolist() == predict.tolist()
+    assert result.next_draft_input.bonus_tokens.tolist() == [
+        100 + r * (steps + 1) + n - 1 for r, n in enumerate(accept_lens.tolist())]
+    assert result.next_draft_input.new_seq_lens.tolist() == [
+        s + n for s, n in zip(SEQ_LENS, accept_lens.tolist())]
+    assert result.accept_lens.tolist() == accept_lens.tolist()
+    assert result.next_draft_input.verify_done is None
+
+
+@pytest.mark.skipif(DEVICE != "cpu" or INTERPRETED, reason="CPU host: runs the verify tests "
+                    "in a process of their own (on a CUDA host they run on the GPU)")
+def test_verify_tests_pass_in_the_triton_interpreter():
+    """The three verify tests above, in a fresh process with Triton's interpreter on (the
+    same flavour: plugin, patched tree or a hunk-revert mutant, as this process)."""
+    from conftest import ROOT
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore",
+           "SGLANG_NATIVE_MOVE_KV_CACHE": "1"}  # the pool's move as a plain CPU copy
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         *[f"tests/test_spec_v2_tree.py::{name}" for name in VERIFY_TESTS]],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert f"{len(VERIFY_TESTS) + 1} passed" in proc.stdout.strip().splitlines()[-1]  # 2 kinds
 
 
 def test_status_says_where_trees_run(clean_state, capsys, monkeypatch):
