@@ -551,10 +551,8 @@ def scenarios(profile: str, vocab: int, seed: int = 20261122, soak_requests: int
                         "memory_every": 200 if name == "soak" else 0})
     elif profile == "soak-ties":
         # The soak with every request's top logprobs (a batch-variant case's near-tie check).
-        out = scenarios("soak", vocab, seed=seed, soak_requests=soak_requests, eos_ids=eos_ids)
-        for sc in out:
-            sc["return_logprob"] = True
-            sc["top_logprobs_num"] = TREE_TOP_LOGPROBS
+        out = _with_top_logprobs(scenarios("soak", vocab, seed=seed, soak_requests=soak_requests,
+                                           eos_ids=eos_ids))
     elif profile == "pd":
         # A batch at once, then arrivals at concurrency 8 with a few aborts: prebuilt batches
         # join a running batch while its forward is in flight (the overlap loop always has
@@ -617,12 +615,18 @@ def scenarios(profile: str, vocab: int, seed: int = 20261122, soak_requests: int
         # where spec v1 and spec v2 part, the margins at the first differing token say whether
         # it was a near-tie (``near_tie_checks``).
         base = {"tree": "matrix", "tree-radix": "radix", "tree-eos": "eos"}[profile]
-        out = scenarios(base, vocab, seed=seed, soak_requests=soak_requests, eos_ids=eos_ids)
-        for sc in out:
-            sc["return_logprob"] = True
-            sc["top_logprobs_num"] = TREE_TOP_LOGPROBS
+        out = _with_top_logprobs(scenarios(base, vocab, seed=seed, soak_requests=soak_requests,
+                                           eos_ids=eos_ids))
     else:
         raise ValueError(f"unknown profile {profile!r}")
+    return out
+
+
+def _with_top_logprobs(out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A profile's scenarios with every request's top logprobs asked for (``TREE_TOP_LOGPROBS``)."""
+    for sc in out:
+        sc["return_logprob"] = True
+        sc["top_logprobs_num"] = TREE_TOP_LOGPROBS
     return out
 
 
@@ -1167,6 +1171,13 @@ def _logprob_check(tol: float) -> str:
 MISMATCH_CHECKS = (": outputs identical", ": " + _logprob_check(0.0), ": " + _logprob_check(TREE_V2_LOGPROB_TOL))
 
 
+def parts_as_prefixes(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Whether two token lists disagree before the shorter one ends (an aborted request's
+    output is compared with another run's as a prefix)."""
+    n = min(len(a), len(b))
+    return list(a[:n]) != list(b[:n])
+
+
 def stock_scatter_notes(sc_list: Sequence[dict[str, Any]], stock: dict[str, Any], rerun: dict[str, Any],
                         patched: dict[str, Any]) -> list[str]:
     """For a batch-variant case: per scenario, how many finished requests two stock runs of the
@@ -1184,17 +1195,15 @@ def stock_scatter_notes(sc_list: Sequence[dict[str, Any]], stock: dict[str, Any]
                                           or z.get("abort_requested"))]
         ss = sum(a[i]["output_ids"] != b[i]["output_ids"] for i in done)
         sp = sum(a[i]["output_ids"] != p[i]["output_ids"] for i in done)
-        cut = [i for i, (x, y, z) in enumerate(zip(a, b, p)) if x and y and z and i not in set(done)]
-
-        def parted(x: dict[str, Any], y: dict[str, Any]) -> bool:
-            n = min(len(x["output_ids"]), len(y["output_ids"]))
-            return x["output_ids"][:n] != y["output_ids"][:n]
-
+        finished = set(done)
+        cut = [i for i, (x, y, z) in enumerate(zip(a, b, p)) if x and y and z and i not in finished]
         note = (f"{sc['name']}: stock run 1 vs stock run 2 differ on {ss}/{len(done)} finished requests; "
                 f"stock run 1 vs patched on {sp}/{len(done)}")
         if cut:
-            note += (f"; aborted ones parting as prefixes: stock vs stock {sum(parted(a[i], b[i]) for i in cut)}"
-                     f"/{len(cut)}, stock vs patched {sum(parted(a[i], p[i]) for i in cut)}/{len(cut)}")
+            sb = sum(parts_as_prefixes(a[i]["output_ids"], b[i]["output_ids"]) for i in cut)
+            spc = sum(parts_as_prefixes(a[i]["output_ids"], p[i]["output_ids"]) for i in cut)
+            note += (f"; aborted ones parting as prefixes: stock vs stock {sb}/{len(cut)}, "
+                     f"stock vs patched {spc}/{len(cut)}")
         notes.append(note)
     return notes
 
@@ -1414,9 +1423,7 @@ def compare_scenario(sc: dict[str, Any], stock: dict[str, Any] | None, patched: 
     for i, (s, p) in enumerate(zip(so, po)):
         if s.get("abort_requested") or p.get("abort_requested"):
             aborted += 1
-            a, b = s["output_ids"], p["output_ids"]
-            short, long_ = (a, b) if len(a) <= len(b) else (b, a)
-            if long_[: len(short)] != short:
+            if parts_as_prefixes(s["output_ids"], p["output_ids"]):
                 prefix_bad.append(i)
             continue
         if not _same_output(s, p, False):
