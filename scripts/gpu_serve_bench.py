@@ -279,23 +279,33 @@ SCHED_COLS = (("sched_total_ms", "received -> first tokens sent"), ("sched_queue
               ("sched_decode_launch_ms", "decode launch"))
 
 
-def format_sched_table(summary: dict[str, Any]) -> str:
+#: TTFT outside the scheduler (``--timeline``'s API-server events), beside the client's TTFT.
+API_COLS = (("median_ttft_ms", "client TTFT p50"), ("sched_api_total_ms", "API server: received -> first output"),
+            ("sched_api_before_dispatch_ms", "received -> sent to the scheduler"),
+            ("sched_dispatch_to_sched_ms", "sent -> scheduler received"),
+            ("sched_total_ms", "scheduler: received -> first tokens sent"),
+            ("sched_sched_to_api_ms", "first tokens sent -> API server"))
+
+
+def format_sched_table(summary: dict[str, Any], cols: Sequence[tuple[str, str]] = SCHED_COLS) -> str:
     """Markdown: the scheduler's part of TTFT per concurrency (``--timeline``), stock -> patched
-    medians over boots, ms; empty when no run has it."""
+    medians over boots, ms; empty when no run has it. ``cols=API_COLS``: the parts outside the
+    scheduler (empty when no run has the API server's events)."""
     stock, patched = summary["variants"].get("stock", {}), summary["variants"].get("patched", {})
+    probed = [k for k, _ in cols if k.startswith("sched_")]
     rows = []
     for c in sorted(set(stock) & set(patched)):
-        if not any((stock[c].get(k) or patched[c].get(k)) for k, _ in SCHED_COLS):
+        if not any((stock[c].get(k) or patched[c].get(k)) for k in probed):
             continue
         cells = []
-        for k, _ in SCHED_COLS:
+        for k, _ in cols:
             s, p = ((d.get(k) or {}).get("median") for d in (stock[c], patched[c]))
             cells.append("-" if s is None or p is None else f"{s:.2f} -> {p:.2f}")
         rows.append(f"| {c} | " + " | ".join(cells) + " |")
     if not rows:
         return ""
-    head = "| conc | " + " | ".join(name for _, name in SCHED_COLS) + " |"
-    return "\n".join([head, "|" + "---|" * (len(SCHED_COLS) + 1), *rows])
+    head = "| conc | " + " | ".join(name for _, name in cols) + " |"
+    return "\n".join([head, "|" + "---|" * (len(cols) + 1), *rows])
 
 
 def worse_cells(summary: dict[str, Any], tolerance: float = 0.03) -> list[str]:
@@ -551,6 +561,10 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
     if sched:
         lines += ["", "Inside the scheduler (`--timeline`; ms, median over requests, then over boots; a prefill's "
                   "first tokens leave at the end of its result processing):", "", sched]
+    outside = format_sched_table(summary, API_COLS)
+    if outside:
+        lines += ["", "Outside the scheduler (`--timeline`, the API server's own timestamps of each request; ms, "
+                  "median over requests, then over boots):", "", outside]
     return "\n".join(lines) + "\n"
 
 

@@ -314,6 +314,79 @@ def test_ttft_breakdown_splits_the_schedulers_part_of_ttft() -> None:
     assert st.ttft_breakdown(events)["requests"] == 3
 
 
+def test_timeline_probe_records_the_api_servers_timestamps(sglang_loaded, tmp_path: Path) -> None:
+    """In the API server the probe wraps TokenizerManager._handle_batch_output (SGLang's coroutine):
+    a request's first output gives one ``api`` event with SGLang's own APIServerReqTimeStats
+    (received, dispatched, first output) on the time.time() clock; a later output of the same
+    request, a request without state and a non-TokenizerManager owner give none."""
+    import asyncio
+    import inspect
+    import time
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager as Real
+    from sglang.srt.observability.req_time_stats import APIServerReqTimeStats
+
+    assert inspect.iscoroutinefunction(Real._handle_batch_output)
+    handled = []
+
+    class TokenizerManager:
+        def __init__(self) -> None:
+            self.rid_to_state = {}
+
+        async def _handle_batch_output(self, recv_obj):
+            for rid in recv_obj.rids:  # SGLang's single write point of first_token_time
+                state = self.rid_to_state.get(rid)
+                if state is not None and not state.time_stats.first_token_time:
+                    state.time_stats.set_first_token_time()
+            handled.append(list(recv_obj.rids))
+            return "done"
+
+    tl = st.Timeline(str(tmp_path))
+    tm = TokenizerManager()
+    tl.on_api_output(SimpleNamespace(f_locals={"self": object()}))
+    assert not tl.installed
+    tl.on_api_output(SimpleNamespace(f_locals={"self": tm}))
+    assert tl.installed
+    stats = APIServerReqTimeStats()
+    stats.set_created_time()
+    stats.set_api_server_dispatch_time()
+    tm.rid_to_state["a"] = SimpleNamespace(time_stats=stats)
+    before = time.time()
+    assert asyncio.run(tm._handle_batch_output(SimpleNamespace(rids=["a", "gone"]))) == "done"
+    asyncio.run(tm._handle_batch_output(SimpleNamespace(rids=["a"])))
+    after = time.time()
+    assert handled == [["a", "gone"], ["a"]]
+    assert [e["kind"] for e in tl.events] == ["api"]
+    ev = tl.events[0]
+    assert ev["rid"] == "a" and ev["received"] <= ev["dispatch"] <= ev["first"]
+    assert before - 1.0 < ev["first"] <= after + 1e-3  # moved to the wall clock
+
+
+def test_ttft_breakdown_splits_the_part_outside_the_scheduler() -> None:
+    """Request a: received by the API server at 0, sent at 1 ms, received by the scheduler at 3 ms,
+    first tokens sent at 10.5 ms, first output in the API server at 12 ms."""
+    ms = 1e-3
+    events = [
+        {"kind": "api", "t": 0.0, "rid": "a", "received": 0.0, "dispatch": 1 * ms, "first": 12 * ms},
+        {"kind": "recv", "t": 3 * ms, "rid": "a"},
+        {"kind": "run", "t": 4 * ms, "t1": 5 * ms, "mode": "EXTEND", "extend": True, "bs": 1, "rids": ["a"]},
+        {"kind": "run", "t": 5 * ms, "t1": 10 * ms, "mode": "DECODE", "extend": False, "bs": 1},
+        {"kind": "proc", "t": 10 * ms, "t1": 10.5 * ms, "mode": "EXTEND", "extend": True, "bs": 1},
+    ]
+    split = st.ttft_breakdown(events)
+    assert split["total_ms"] == pytest.approx(7.5)
+    assert split["api_before_dispatch_ms"] == pytest.approx(1.0)
+    assert split["dispatch_to_sched_ms"] == pytest.approx(2.0)
+    assert split["sched_to_api_ms"] == pytest.approx(1.5)
+    assert split["api_total_ms"] == pytest.approx(12.0)
+    assert st.ttft_breakdown(events[1:])["api_total_ms"] is None  # no API-server events
+    summary = sb.summarize([{"variant": v, "cells": {"4": {"median_ttft_ms": 14.0, "sched": split}}}
+                            for v in ("stock", "patched")])
+    table = sb.format_sched_table(summary, sb.API_COLS)
+    assert "| 4 | 14.00 -> 14.00 | 12.00 -> 12.00 | 1.00 -> 1.00 | 2.00 -> 2.00 | 7.50 -> 7.50 | 1.50 -> 1.50 |" in table
+
+
 def test_summary_carries_the_schedulers_split_per_cell() -> None:
     def run(variant: str, total: float) -> dict:
         return {"variant": variant, "cells": {"1": {"median_ttft_ms": total, "sched": {"total_ms": total, "between_ms": 1.0}}}}

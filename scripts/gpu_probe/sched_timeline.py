@@ -22,6 +22,14 @@ events go to ``timeline-<pid>.json`` in ``SMOKE_PROBE_DIR`` from a daemon thread
 second (SGLang SIGKILLs its scheduler at shutdown). The wrappers cost a few microseconds per
 call; the benchmark runs them on both sides alike.
 
+In the API server's process (SGLang's ``TokenizerManager``, on its first
+``_handle_batch_output`` call) it wraps that method: one ``api`` event per request whose first
+output it handles, with SGLang's own timestamps of that request (received, sent to the
+scheduler, first output; ``APIServerReqTimeStats``, moved to the ``time.time()`` clock), so the
+part of TTFT outside the scheduler can be split too: the API server before dispatch, dispatch ->
+the scheduler's receipt (the socket and the scheduler loop's next poll) and the scheduler's first
+tokens -> the API server (the detokenizer and the API server's own loop).
+
 :func:`ttft_breakdown` (pure, also used by the benchmark) splits each request's scheduler-side
 TTFT: received -> its prefill launched (queue), the prefill's ``run_batch``, the prefill's end
 of launch -> start of its result processing (the batch launched in between: in the overlap
@@ -45,6 +53,8 @@ SYNC_MIN_S = 3e-4
 #: when no wrapped sync shows it (a blocking copy, a full launch queue, Python work).
 SAMPLE_S = 1e-3
 SAMPLE_DEPTH = 3
+#: The parts of TTFT outside the scheduler, from the API server's ``api`` events.
+API_PARTS = ("api_before_dispatch", "dispatch_to_sched", "sched_to_api", "api_total")
 
 
 # ----------------------------------------------------------------------------- pure helpers
@@ -59,13 +69,19 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
     its result's processing started: the next batch's launch, in the overlap loop), ``process``
     (the processing of the prefill's result) and ``total`` (received -> processed), plus the
     median ``run_batch`` time of the batch launched right after each prefill (``next_launch``)
-    and of decode batches in the window (``decode_launch``)."""
+    and of decode batches in the window (``decode_launch``). With the API server's ``api``
+    events, also the parts outside the scheduler (``API_PARTS``): the API server's time before
+    dispatch, dispatch -> the scheduler's receipt, the scheduler's processing end -> the API
+    server's first output, and the API server's own TTFT (received -> first output); ``None``
+    without them."""
     # Interval events (run, proc, sync) span [t, t1]; run and proc carry SGLang's own
     # forward_mode.is_extend() of their batch as "extend".
     runs = [e for e in events if e["kind"] == "run"]
     procs = [e for e in events if e["kind"] == "proc"]
     recv = {e["rid"]: e["t"] for e in events if e["kind"] == "recv" and t_lo <= e["t"] < t_hi}
-    parts: dict[str, list[float]] = {k: [] for k in ("queue", "launch", "between", "process", "total", "next_launch")}
+    api = {e["rid"]: e for e in events if e["kind"] == "api"}
+    parts: dict[str, list[float]] = {k: [] for k in ("queue", "launch", "between", "process", "total", "next_launch",
+                                                     *API_PARTS)}
     proc_i = 0
     for i, run in enumerate(runs):
         if not run["extend"]:
@@ -89,6 +105,12 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
             parts["total"].append(proc["t1"] - recv[rid])
             if nxt is not None:
                 parts["next_launch"].append(nxt["t1"] - nxt["t"])
+            a = api.get(rid)
+            if a is not None:
+                parts["api_before_dispatch"].append(a["dispatch"] - a["received"])
+                parts["dispatch_to_sched"].append(recv[rid] - a["dispatch"])
+                parts["sched_to_api"].append(a["first"] - proc["t1"])
+                parts["api_total"].append(a["first"] - a["received"])
     decode = [r["t1"] - r["t"] for r in runs if r["mode"] == "DECODE" and t_lo <= r["t"] < t_hi]
     # Where the prefill's own launch and the launch right after it waited: their syncs,
     # summed per call site.
@@ -159,6 +181,48 @@ class Timeline:
             self.install(type(owner))
         except Exception as exc:  # never break the scheduler over a probe
             self.errors.append(f"install: {exc!r}")
+
+    def on_api_output(self, frame) -> None:
+        """sitecustomize hook: install on the first TokenizerManager._handle_batch_output."""
+        if self.installed:
+            return
+        owner = frame.f_locals.get("self")
+        if owner is None or not any(c.__name__ == "TokenizerManager" for c in type(owner).__mro__):
+            return
+        try:
+            self.install_api(type(owner))
+        except Exception as exc:  # never break the API server over a probe
+            self.errors.append(f"install_api: {exc!r}")
+
+    def install_api(self, tm_cls: type) -> None:
+        """Wrap ``tm_cls._handle_batch_output`` (a coroutine function): for every request whose
+        first output it handles, one ``api`` event with SGLang's own timestamps of it."""
+        self.installed = True
+        tl = self
+        orig = tm_cls._handle_batch_output
+        # APIServerReqTimeStats holds time.perf_counter() values; events use time.time().
+        shift = time.time() - time.perf_counter()
+
+        async def _handle_batch_output(self, recv_obj, *a, **k):
+            states = getattr(self, "rid_to_state", {})
+            first = {}
+            for rid in getattr(recv_obj, "rids", None) or ():
+                ts = getattr(states.get(rid), "time_stats", None)
+                if ts is not None and not ts.first_token_time:
+                    first[rid] = ts
+            result = await orig(self, recv_obj, *a, **k)
+            for rid, ts in first.items():
+                if ts.first_token_time and ts.created_time and ts.api_server_dispatch_time:
+                    tl.add({"kind": "api", "t": ts.created_time + shift, "rid": rid,
+                            "received": ts.created_time + shift,
+                            "dispatch": ts.api_server_dispatch_time + shift,
+                            "first": ts.first_token_time + shift})
+            return result
+
+        _handle_batch_output.__wrapped__ = orig  # type: ignore[attr-defined]
+        _handle_batch_output.__qualname__ = "sched_timeline._handle_batch_output"
+        tm_cls._handle_batch_output = _handle_batch_output
+        threading.Thread(target=self._ticker, name="api-timeline", daemon=True).start()
 
     def add(self, event: dict[str, Any]) -> None:
         if len(self.events) < MAX_EVENTS:
@@ -304,3 +368,5 @@ def install_from_env(register) -> None:
         return
     timeline = Timeline(out_dir)
     register("run_batch", timeline.on_run_batch)
+    # The API server's process: a Timeline of its own (one file per process).
+    register("_handle_batch_output", Timeline(out_dir).on_api_output)
