@@ -60,8 +60,18 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")
 #: Bootstrap resamples for the pooled TTFT ratios' interval (seeded: the record is reproducible).
 BOOTSTRAP_N = 1000
-SPEC_ARGS = ("--speculative-algorithm", "STANDALONE", "--speculative-num-steps", "3",
-             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+#: Draft shapes (``--spec``): ``chain`` 3 steps / topk 1 / 4 draft tokens (SGLang's choice for
+#: most targets), ``tree`` 5 / 4 / 8 (the tree SGLang picks by itself for a Llama target; given
+#: explicitly, so stock runs it as its docs tell users to: on spec v1, the plugin on spec v2).
+SPECS = {"chain": (3, 1, 4), "tree": (5, 4, 8)}
+
+
+def spec_args(spec: str = "chain") -> tuple[str, ...]:
+    steps, topk, tokens = SPECS[spec]
+    return ("--speculative-algorithm", "STANDALONE", "--speculative-num-steps", str(steps),
+            "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(tokens))
+
+
 #: Launch flags every server gets (recorded with the results): with SGLang's default memory
 #: fraction (0.754 on an H100) this model's piecewise CUDA graph capture at 8,192 tokens fails
 #: (CUBLAS_STATUS_EXECUTION_FAILED, stock and patched alike, seen 2026-11-23); the decode
@@ -91,9 +101,10 @@ def num_prompts(concurrency: int, rounds: int, floor: int) -> int:
     return max(concurrency * rounds, floor)
 
 
-def server_argv(model: str, draft: str, backend: str, port: int, extra: Sequence[str] = ()) -> list[str]:
+def server_argv(model: str, draft: str, backend: str, port: int, extra: Sequence[str] = (),
+                spec: str = "chain") -> list[str]:
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--load-format", "dummy",
-            "--speculative-draft-model-path", draft, *SPEC_ARGS, *BACKENDS[backend],
+            "--speculative-draft-model-path", draft, *spec_args(spec), *BACKENDS[backend],
             "--host", "127.0.0.1", "--port", str(port), "--enable-metrics", "--random-seed", "0",
             *DEFAULT_SERVER_ARGS, *extra]
 
@@ -423,7 +434,7 @@ def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.
     env["PYTHONPATH"] = os.pathsep.join([str(child_env.DATASETS_STAND_IN), env.get("PYTHONPATH", "")])
     server_base = upstream_env(env, args.upstream_site) if variant == "upstream" else env
     timeline_dir = args.out / "timeline" / tag if args.timeline else None
-    argv = server_argv(target, draft, args.backend, port, args.server_arg)
+    argv = server_argv(target, draft, args.backend, port, args.server_arg, args.spec)
     run: dict[str, Any] = {"variant": variant, "boot": boot, "cells": {}, "error": None}
     if variant == "upstream":
         run["sglang"] = child_env.site_sglang_version(args.upstream_site)
@@ -521,7 +532,8 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "gpu": child_env.gpu_name(), "sglang": version,
             "command": "python3 scripts/gpu_serve_bench.py " + " ".join(
                 a if not str(a).startswith(str(args.out)) else "OUT" for a in sys.argv[1:]),
-            "config": {"model": "8B-shaped Llama, dummy weights; 1-layer STANDALONE draft, 3/1/4",
+            "config": {"model": "8B-shaped Llama, dummy weights; 1-layer STANDALONE draft, "
+                                + "/".join(map(str, SPECS[args.spec])), "spec": args.spec,
                        "backend": args.backend, "server_args": [*DEFAULT_SERVER_ARGS, *args.server_arg], "dataset": args.dataset,
                        "input_len": args.input_len, "output_len": args.output_len, "rounds": args.rounds,
                        "min_prompts": args.min_prompts, "concurrency": args.concurrency, "boots": args.boots,
@@ -538,7 +550,9 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
     worse = worse_cells(summary)
     lines = [f"Serving benchmark, {env['date']}, {env['gpu']}, SGLang {env['sglang']}, backend "
              f"{env['config']['backend']} {' '.join(env['config']['server_args'])}".rstrip()
-             + f", dataset {env['config'].get('dataset', 'random-ids')}", "",
+             + f", dataset {env['config'].get('dataset', 'random-ids')}"
+             + (f", {env['config']['model'].split('; ')[-1]}" if "model" in env["config"] else ""),
+             "",
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
              "Latency cells more than 3% worse patched: " + ("; ".join(worse) if worse else "none")]
@@ -573,6 +587,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--out", type=Path, help="folder for serve-bench.json, serve-bench.md, logs/ and bench/")
     p.add_argument("--backend", choices=sorted(BACKENDS), default="default")
+    p.add_argument("--spec", choices=sorted(SPECS), default="chain",
+                   help="draft shape: chain 3/1/4 (default) or tree 5/4/8 (steps/topk/draft tokens; "
+                        "stock runs the tree on spec v1, the plugin on spec v2)")
     p.add_argument("--variants", default="stock,patched",
                    help="comma-separated from stock, patched, upstream (stock SGLang of --upstream-site)")
     p.add_argument("--upstream-site", default=child_env.upstream_site(None),

@@ -39,6 +39,22 @@ def test_server_command_is_a_users_launch_that_sglang_parses(sglang_loaded) -> N
     assert ns.attention_backend is None and ns.enable_metrics and ns.port == 31200
     triton = parser.parse_args(sb.server_argv("/m/t", "/m/d", "triton", 1, ["--cuda-graph-max-bs", "8"])[3:])
     assert triton.attention_backend == "triton" and triton.cuda_graph_max_bs == 8
+    tree = parser.parse_args(sb.server_argv("/m/t", "/m/d", "default", 1, spec="tree")[3:])
+    assert (tree.speculative_num_steps, tree.speculative_eagle_topk, tree.speculative_num_draft_tokens) == (5, 4, 8)
+
+
+def test_tree_row_is_the_tree_sglang_picks_for_a_llama_target(sglang_loaded) -> None:
+    """``--spec tree`` gives the tree SGLang 0.5.12.post1 chooses by itself for a Llama target with
+    an EAGLE draft (its own auto_choose_speculative_params), given explicitly."""
+    from types import SimpleNamespace
+
+    from sglang.srt.server_args import auto_choose_speculative_params
+
+    llama = SimpleNamespace(speculative_algorithm="EAGLE", get_model_config=lambda: SimpleNamespace(
+        hf_config=SimpleNamespace(architectures=["LlamaForCausalLM"])))
+    assert auto_choose_speculative_params(llama) == sb.SPECS["tree"]
+    standalone = SimpleNamespace(speculative_algorithm="STANDALONE", get_model_config=llama.get_model_config)
+    assert auto_choose_speculative_params(standalone) == sb.SPECS["chain"]
 
 
 def test_bench_command_goes_through_bench_servings_parser(tmp_path: Path, monkeypatch) -> None:
@@ -190,7 +206,7 @@ def test_upstream_runs_its_own_sglang_and_gets_its_own_table(tmp_path: Path) -> 
     assert "upstream" not in sb.merge([doc])
     # An upstream site without SGLang: the run says so instead of starting a server.
     args = argparse.Namespace(out=tmp_path / "out", timeline=False, upstream_site=str(tmp_path / "none"),
-                              backend="triton", server_arg=[], concurrency=[1])
+                              backend="triton", server_arg=[], concurrency=[1], spec="chain")
     run = sb.run_server("upstream", 0, "t", "d", args, deadline=0.0, port=1)
     assert run["error"].startswith("upstream site") and not run["cells"]
 

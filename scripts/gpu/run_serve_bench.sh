@@ -8,6 +8,7 @@
 #   bash scripts/gpu/run_serve_bench.sh --boots 1 --first-boot 1 --concurrency 1,8,16,32,48   # the next, other order
 #   bash scripts/gpu/run_serve_bench.sh --backend triton --boots 1
 #   bash scripts/gpu/run_serve_bench.sh --server-arg=--cuda-graph-max-bs --server-arg=8 --concurrency 24   # eager batches
+#   bash scripts/gpu/run_serve_bench.sh --spec tree --concurrency 1,16,45   # the Llama auto tree 5/4/8 (stock: spec v1)
 #
 # The default backend (none named: FA3 + piecewise CUDA graph on Hopper) needs FA3 staged first
 # (../shared/gpu/README.md). One stock/patched pair with 5 concurrencies takes ~8 min on an H100.
