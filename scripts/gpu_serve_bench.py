@@ -295,7 +295,8 @@ API_COLS = (("median_ttft_ms", "client TTFT p50"), ("sched_api_total_ms", "API s
             ("sched_api_before_dispatch_ms", "received -> sent to the scheduler"),
             ("sched_dispatch_to_sched_ms", "sent -> scheduler received"),
             ("sched_total_ms", "scheduler: received -> first tokens sent"),
-            ("sched_sched_to_api_ms", "first tokens sent -> API server"))
+            ("sched_sched_to_api_ms", "first tokens sent -> API server"),
+            ("sched_api_loop_lag_ms", "API server loop lag (mean)"))
 
 
 def format_sched_table(summary: dict[str, Any], cols: Sequence[tuple[str, str]] = SCHED_COLS) -> str:

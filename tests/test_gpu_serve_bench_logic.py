@@ -377,6 +377,28 @@ def test_timeline_probe_records_the_api_servers_timestamps(sglang_loaded, tmp_pa
     ev = tl.events[0]
     assert ev["rid"] == "a" and ev["received"] <= ev["dispatch"] <= ev["first"]
     assert before - 1.0 < ev["first"] <= after + 1e-3  # moved to the wall clock
+    assert tl.lag_started  # the loop-lag sampler was scheduled on the running loop
+
+
+def test_loop_lag_sampler_reports_a_blocked_event_loop() -> None:
+    """The sampler's windows: a loop blocked for 30 ms shows up as lateness of about that."""
+    import asyncio
+    import time
+
+    tl = st.Timeline("/nonexistent")
+
+    async def main() -> None:
+        task = asyncio.ensure_future(tl._loop_lag())
+        await asyncio.sleep(0.01)
+        time.sleep(0.03)  # the loop is blocked
+        await asyncio.sleep(st.LAG_WINDOW_S + 0.05)
+        task.cancel()
+
+    asyncio.run(main())
+    lag = [e for e in tl.events if e["kind"] == "lag"]
+    assert lag and lag[0]["n"] > 1 and lag[0]["max"] >= 0.02 and lag[0]["sum"] >= 0.02
+    split = st.ttft_breakdown(tl.events)
+    assert split["api_loop_lag_ms"] == pytest.approx(lag[0]["sum"] / lag[0]["n"] * 1e3, rel=1e-3)
 
 
 def test_ttft_breakdown_splits_the_part_outside_the_scheduler() -> None:
@@ -400,7 +422,7 @@ def test_ttft_breakdown_splits_the_part_outside_the_scheduler() -> None:
     summary = sb.summarize([{"variant": v, "cells": {"4": {"median_ttft_ms": 14.0, "sched": split}}}
                             for v in ("stock", "patched")])
     table = sb.format_sched_table(summary, sb.API_COLS)
-    assert "| 4 | 14.00 -> 14.00 | 12.00 -> 12.00 | 1.00 -> 1.00 | 2.00 -> 2.00 | 7.50 -> 7.50 | 1.50 -> 1.50 |" in table
+    assert "| 4 | 14.00 -> 14.00 | 12.00 -> 12.00 | 1.00 -> 1.00 | 2.00 -> 2.00 | 7.50 -> 7.50 | 1.50 -> 1.50 | - |" in table
 
 
 def test_summary_carries_the_schedulers_split_per_cell() -> None:

@@ -28,7 +28,9 @@ output it handles, with SGLang's own timestamps of that request (received, sent 
 scheduler, first output; ``APIServerReqTimeStats``, moved to the ``time.time()`` clock), so the
 part of TTFT outside the scheduler can be split too: the API server before dispatch, dispatch ->
 the scheduler's receipt (the socket and the scheduler loop's next poll) and the scheduler's first
-tokens -> the API server (the detokenizer and the API server's own loop).
+tokens -> the API server (the detokenizer and the API server's own loop). It also measures that
+event loop's lag (how late a 2 ms sleep wakes; ``lag`` events, one per half second): the HTTP
+intake of new requests and the streaming of every request's chunks share that one loop.
 
 :func:`ttft_breakdown` (pure, also used by the benchmark) splits each request's scheduler-side
 TTFT: received -> its prefill launched (queue), the prefill's ``run_batch``, the prefill's end
@@ -38,6 +40,7 @@ loop the next batch is launched before the previous result is processed), and th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import statistics
@@ -55,6 +58,10 @@ SAMPLE_S = 1e-3
 SAMPLE_DEPTH = 3
 #: The parts of TTFT outside the scheduler, from the API server's ``api`` events.
 API_PARTS = ("api_before_dispatch", "dispatch_to_sched", "sched_to_api", "api_total")
+#: The API server's event-loop lag: a task sleeps LAG_SLEEP_S again and again and records how
+#: late it wakes, summed per LAG_WINDOW_S (one ``lag`` event per window).
+LAG_SLEEP_S = 0.002
+LAG_WINDOW_S = 0.5
 
 
 # ----------------------------------------------------------------------------- pure helpers
@@ -134,7 +141,11 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
             into = sampled["launch_samples_ms" if e["phase"] == "prefill" else "next_launch_samples_ms"]
             key = " < ".join(e["stack"])
             into[key] = into.get(key, 0.0) + e.get("dt", SAMPLE_S)
-    out: dict[str, Any] = {"requests": len(parts["total"])}
+    # The API server's event loop: mean lateness of a short sleep over the windows in the cell.
+    lag = [e for e in events if e["kind"] == "lag" and t_lo <= e["t"] < t_hi]
+    n_lag = sum(e["n"] for e in lag)
+    out: dict[str, Any] = {"requests": len(parts["total"]),
+                           "api_loop_lag_ms": round(sum(e["sum"] for e in lag) / n_lag * 1e3, 3) if n_lag else None}
     for k, v in parts.items():
         out[k + "_ms"] = round(statistics.median(v) * 1e3, 3) if v else None
     out["decode_launch_ms"] = round(statistics.median(decode) * 1e3, 3) if decode else None
@@ -169,6 +180,7 @@ class Timeline:
         # right after a prefill); read by the sampler thread.
         self.launching: str | None = None
         self.last_extend = False
+        self.lag_started = False
 
     def on_run_batch(self, frame) -> None:
         """sitecustomize hook (a PY_START callback): install on the first Scheduler.run_batch."""
@@ -204,6 +216,9 @@ class Timeline:
         shift = time.time() - time.perf_counter()
 
         async def _handle_batch_output(self, recv_obj, *a, **k):
+            if not tl.lag_started:
+                tl.lag_started = True
+                asyncio.ensure_future(tl._loop_lag())
             states = getattr(self, "rid_to_state", {})
             first = {}
             for rid in getattr(recv_obj, "rids", None) or ():
@@ -223,6 +238,21 @@ class Timeline:
         _handle_batch_output.__qualname__ = "sched_timeline._handle_batch_output"
         tm_cls._handle_batch_output = _handle_batch_output
         threading.Thread(target=self._ticker, name="api-timeline", daemon=True).start()
+
+    async def _loop_lag(self) -> None:
+        """Runs on the API server's event loop: how late a short sleep wakes, per window."""
+        window = {"t": time.time(), "n": 0, "sum": 0.0, "max": 0.0}
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(LAG_SLEEP_S)
+            late = max(0.0, time.perf_counter() - t0 - LAG_SLEEP_S)
+            window["n"] += 1
+            window["sum"] += late
+            window["max"] = max(window["max"], late)
+            now = time.time()
+            if now - window["t"] >= LAG_WINDOW_S:
+                self.add({"kind": "lag", **window})
+                window = {"t": now, "n": 0, "sum": 0.0, "max": 0.0}
 
     def add(self, event: dict[str, Any]) -> None:
         if len(self.events) < MAX_EVENTS:
