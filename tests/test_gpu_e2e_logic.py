@@ -864,13 +864,15 @@ def test_data_parallel_engines_leave_the_nccl_ports_to_sglang(tmp_path: Path,
 def test_mtp_cases_run_the_mimov2_pair_with_and_without_cuda_graph(tmp_path: Path) -> None:
     mtp = e2e.select_cases(None, groups=["mtp"])
     assert [c.name for c in mtp] == [c.name for c in e2e.multilayer_cases()]
-    assert all(c.algorithm == "EAGLE" for c in mtp) and {c.profile for c in mtp} == {"matrix", "eos"}
+    assert all(c.algorithm == "EAGLE" for c in mtp) and {c.profile for c in mtp} == {"matrix", "eos-ties"}
     matrix = {(c.backend, c.cuda_graph, c.pcg) for c in mtp if c.profile == "matrix"}
     assert {("default", g, True) for g in (True, False)} | {("fa3", True, False), ("triton", False, False)} == matrix
     # stock 0.5.12.post1 cannot capture the MTP draft-extend CUDA graphs on Triton
     assert not any(c.backend == "triton" and c.cuda_graph for c in mtp)
     assert {b for b, _, _ in matrix} == {"default", "fa3", "triton"}
-    assert [c.backend for c in mtp if c.profile == "eos"] == ["default"]
+    assert [c.backend for c in mtp if c.profile == "eos-ties"] == ["default"]
+    assert all(c.batch_variant for c in mtp if c.profile == "eos-ties")  # judged by near-ties (top logprobs asked)
+    assert all(sc.get("top_logprobs_num") for sc in e2e.scenarios("eos-ties", 512, eos_ids=(2,)))
     others = sorted(g for g in e2e.GROUPS if g != "mtp")
     assert not any(c.name.startswith("mtp-") for c in e2e.select_cases(None, groups=others))
     for c in mtp:
