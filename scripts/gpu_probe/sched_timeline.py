@@ -184,27 +184,23 @@ class Timeline:
 
     def on_run_batch(self, frame) -> None:
         """sitecustomize hook (a PY_START callback): install on the first Scheduler.run_batch."""
-        if self.installed:
-            return
-        owner = frame.f_locals.get("self")
-        if owner is None or not any(c.__name__ == "Scheduler" for c in type(owner).__mro__):
-            return
-        try:
-            self.install(type(owner))
-        except Exception as exc:  # never break the scheduler over a probe
-            self.errors.append(f"install: {exc!r}")
+        self._install_on(frame, "Scheduler", self.install)
 
     def on_api_output(self, frame) -> None:
         """sitecustomize hook: install on the first TokenizerManager._handle_batch_output."""
+        self._install_on(frame, "TokenizerManager", self.install_api)
+
+    def _install_on(self, frame, class_name: str, install) -> None:
+        """Call ``install(owner class)`` once, when the frame's ``self`` is a ``class_name``."""
         if self.installed:
             return
         owner = frame.f_locals.get("self")
-        if owner is None or not any(c.__name__ == "TokenizerManager" for c in type(owner).__mro__):
+        if owner is None or not any(c.__name__ == class_name for c in type(owner).__mro__):
             return
         try:
-            self.install_api(type(owner))
-        except Exception as exc:  # never break the API server over a probe
-            self.errors.append(f"install_api: {exc!r}")
+            install(type(owner))
+        except Exception as exc:  # never break SGLang's process over a probe
+            self.errors.append(f"{install.__name__}: {exc!r}")
 
     def install_api(self, tm_cls: type) -> None:
         """Wrap ``tm_cls._handle_batch_output`` (a coroutine function): for every request whose
