@@ -1,6 +1,6 @@
 """Write a tiny Llama target, a correlated STANDALONE draft, an EAGLE3 draft, an EAGLE-1 draft,
-and a tiny MiMoV2 target with its multi-layer MTP draft as real checkpoints, plus offline
-word-level tokenizers for the two targets.
+a tiny MiMoV2 target with its multi-layer MTP draft and a tiny DeepSeek-V3 (MLA) target with its
+NextN (MTP) layer as real checkpoints, plus offline word-level tokenizers for the targets.
 
 Offline model factory for the GPU tests. Every model directory holds ``config.json`` +
 ``model.safetensors`` generated from a fixed seed, so every machine builds bit-identical
@@ -78,6 +78,36 @@ and no piecewise-CUDA-graph switch)::
                   sampling_backend="pytorch", grammar_backend="none", skip_tokenizer_init=True,
                   mem_fraction_static=0.06, chunked_prefill_size=512, max_running_requests=56,
                   max_total_tokens=65536, random_seed=0, log_level="info")
+
+DeepSeek MTP (MLA): SGLang 0.5.12.post1 runs a ``DeepseekV3ForCausalLM`` target with
+``--speculative-algorithm EAGLE`` (or ``NEXTN``, the same) on ``EAGLEWorkerV2``, and its draft is
+``DeepseekV3ForCausalLMNextN`` (``ModelConfig`` renames the draft's architecture): one NextN layer
+read from ``model.layers.<num_hidden_layers>.*``. DeepSeek ships that layer inside the target's
+checkpoint, and SGLang's ``ServerArgs`` sets the draft path to the target's own when none is
+given, so the simplest real layout is one directory:
+
+* ``deepseek/``: ``DeepseekV3ForCausalLM`` (model type ``deepseek_v3``, transformers' own config
+  class), 4 layers (0..2 dense, 3 MoE), hidden 256, 8 heads, MLA with DeepSeek-V3's per-head
+  shapes (``kv_lora_rank`` 512, ``qk_rope_head_dim`` 64, ``qk_nope_head_dim`` 128,
+  ``v_head_dim`` 128: FA3 MLA decodes a 576-wide latent with 512-wide values, the MHA prefill
+  runs 192 / 128 heads, as for V3/R1), ``q_lora_rank`` 256 (V3's fused ``q_a`` + ``kv_a``
+  projection), interleaved RoPE, no RoPE scaling; MoE: 8 routed experts in 2 groups, 2 per token
+  (``noaux_tc`` sigmoid gate, V3's routing), 1 shared expert, routed scaling 2.5; vocabulary
+  4096 with the Llama target's tokenizer (ids 0..2 pad/bos/eos), bf16. ``num_nextn_predict_layers``
+  1, and the NextN layer ``model.layers.4.*``: ``enorm``, ``hnorm``, ``eh_proj``,
+  ``shared_head.norm``, a decoder layer (always MoE for SGLang) and DeepSeek's own copies of the
+  embedding and lm_head (``embed_tokens``, ``shared_head.head``), which SGLang's NextN loader skips
+  (the draft worker hands the draft the target's); the target's loader skips the whole layer.
+  The NextN layer is the target's layer 0 (its dense MLP as the shared expert, small random
+  routed experts) behind an ``eh_proj`` that passes the next token's embedding through and mixes
+  in a little of the target's hidden state: on CPU its first draft step names the target's next
+  token about 40% of the time and a chain of 3 steps accepts about 1.7 tokens a step
+  (``deepseek_greedy_probe``; ``tests/test_tiny_models_mla.py`` checks it with SGLang's modules).
+
+Launched as a DeepSeek user does (``gpu_e2e.py --group mla``): ``sglang.Engine(model_path=
+".../deepseek", speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_eagle_topk=1,
+speculative_num_draft_tokens=4, ...)`` with no draft path, no attention backend and no piecewise
+CUDA graph switch (SGLang picks FA3 for MLA on Hopper; 3 / 1 / 4 is its own choice for DeepSeek).
 
 Command line: ``scripts/make_tiny_models.py --out DIR [--check]``; the harnesses call
 :func:`build_tiny_models`, the benchmarks :func:`write_model_dirs` (config-only models).
@@ -1031,12 +1061,13 @@ def _rope_interleaved(t: "torch.Tensor", theta: float, start: int = 0) -> "torch
     return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
 
 
-def _deepseek_moe(m: "torch.Tensor", w: dict[str, "torch.Tensor"], prefix: str, cfg: dict[str, Any]  # noqa: F821
-                  ) -> "torch.Tensor":  # noqa: F821
-    """DeepSeek-V3's MoE: sigmoid gate scores, the ``topk_group`` best groups (a group's score:
-    its two best experts, correction bias included), the ``num_experts_per_tok`` best experts in
-    them; their scores (no bias), normalised and times ``routed_scaling_factor``, weight the
-    routed experts; the shared experts add on."""
+def deepseek_moe_reference(m: "torch.Tensor", w: dict[str, "torch.Tensor"], prefix: str,  # noqa: F821
+                           cfg: dict[str, Any], shared: bool = True) -> "torch.Tensor":  # noqa: F821
+    """DeepSeek-V3's MoE (the MLP under ``prefix``) in plain torch: sigmoid gate scores, the
+    ``topk_group`` best groups (a group's score: its two best experts, correction bias included),
+    the ``num_experts_per_tok`` best experts in them; their scores (no bias), normalised and times
+    ``routed_scaling_factor``, weight the routed experts; the shared experts add on (unless not
+    ``shared``)."""
     import torch
 
     n, experts, groups = m.shape[0], cfg["n_routed_experts"], cfg["n_group"]
@@ -1050,7 +1081,7 @@ def _deepseek_moe(m: "torch.Tensor", w: dict[str, "torch.Tensor"], prefix: str, 
     if cfg["norm_topk_prob"]:
         weights = weights / weights.sum(-1, keepdim=True)
     weights = weights * cfg["routed_scaling_factor"]
-    out = _mlp(m, w, prefix + "shared_experts.") if cfg["n_shared_experts"] else torch.zeros_like(m)
+    out = _mlp(m, w, prefix + "shared_experts.") if shared and cfg["n_shared_experts"] else torch.zeros_like(m)
     for e in range(experts):
         rows, slot = (ids == e).nonzero(as_tuple=True)
         if rows.numel():
@@ -1099,7 +1130,7 @@ def _deepseek_block(x: "torch.Tensor", w: dict[str, "torch.Tensor"], layer: int,
     x = x + attn.reshape(n, heads * vd) @ w[prefix + "self_attn.o_proj.weight"].T
     m = _rms_norm(x, w[prefix + "post_attention_layernorm.weight"], eps)
     moe = layer == cfg["num_hidden_layers"] or is_moe_layer(cfg, layer)
-    return x + (_deepseek_moe(m, w, prefix + "mlp.", cfg) if moe else _mlp(m, w, prefix + "mlp.")), present
+    return x + (deepseek_moe_reference(m, w, prefix + "mlp.", cfg) if moe else _mlp(m, w, prefix + "mlp.")), present
 
 
 def deepseek_reference(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], ids: list[int],  # noqa: F821
