@@ -1663,9 +1663,10 @@ def sync_checks(stock: dict[str, Any], patched: dict[str, Any]) -> list[Check]:
                             n > 0 and bool((run.get("sync") or {}).get("wrapped")),
                             f"{n} decode iterations" + (f"; probe errors {d['errors']}" if d.get("errors") else "")))
     s, p = (digests[k].get("seq_lens_syncs_per_decode") for k in ("stock", "patched"))
-    checks.append(Check("patched: seq_lens syncs per decode iteration <= stock's", s is not None and p is not None and p <= s,
-                        f"stock {s} ({digests['stock'].get('seq_lens_sites')}), patched {p} "
-                        f"({digests['patched'].get('seq_lens_sites')})"))
+    checks.append(Check("patched: seq_lens syncs per decode iteration <= stock's",
+                        s is not None and p is not None and p <= s,
+                        f"stock {s} ({digests['stock'].get('seq_lens_sites')}), "
+                        f"patched {p} ({digests['patched'].get('seq_lens_sites')})"))
     return checks
 
 

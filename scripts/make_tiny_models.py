@@ -3,7 +3,7 @@
 docstring says what each is and why) into ``--out``; ``--check`` verifies tensor names and shapes
 and runs the greedy probes on CPU.
 
-    python3 scripts/make_tiny_models.py --out /tmp/models   # -> /tmp/models/{target,draft,eagle3,eagle,mimov2,mimov2-mtp,deepseek}
+    python3 scripts/make_tiny_models.py --out /tmp/models   # -> /tmp/models/{target,draft,eagle3,eagle,mimov2,...}
     python3 scripts/make_tiny_models.py --out /tmp/models --check  # + verify names/shapes + greedy probes
 """
 

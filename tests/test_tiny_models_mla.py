@@ -103,6 +103,10 @@ def test_factory_builds_the_deepseek_checkpoint_bit_identically(models: dict[str
     # DeepSeek's own copies of the embedding and lm_head in the NextN layer: the target's
     assert torch.equal(ckpt[f"model.layers.{n}.embed_tokens.weight"], ckpt["model.embed_tokens.weight"])
     assert torch.equal(ckpt[f"model.layers.{n}.shared_head.head.weight"], ckpt["lm_head.weight"])
+    # EOS is not among the tokens greedy decoding next to never picks (the eos churn needs it):
+    # its lm_head row has the upper-quartile norm, as the Llama and MiMoV2 targets' draws do
+    norms = ckpt["lm_head.weight"].float().norm(dim=-1)
+    assert 0.7 <= (norms < norms[config["eos_token_id"]]).float().mean() <= 0.8
     # a wrong shape or a missing tensor is reported
     broken = dict(config, kv_lora_rank=256)
     assert any("kv_a_proj_with_mqa" in p for p in _problems(models["deepseek"], broken, tmp_path))

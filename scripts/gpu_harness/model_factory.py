@@ -805,6 +805,7 @@ def make_deepseek_weights(
     late_layer_scale: float = 0.5,
     expert_std: float = 0.02,
     link_std: float = 0.01,
+    eos_norm_quantile: float = 0.75,
 ) -> dict[str, "torch.Tensor"]:  # noqa: F821
     """Deterministic weights (bf16) of the target and its NextN layer.
 
@@ -822,7 +823,7 @@ def make_deepseek_weights(
     import torch
 
     if config["first_k_dense_replace"] < 1:
-        raise ValueError("the NextN layer copies the target's layer 0, which must be dense (first_k_dense_replace >= 1)")
+        raise ValueError("the NextN layer copies layer 0, which must be dense (first_k_dense_replace >= 1)")
     if config["moe_intermediate_size"] * config["n_shared_experts"] != config["intermediate_size"]:
         raise ValueError("the NextN layer's shared expert copies layer 0's MLP: moe_intermediate_size x "
                          "n_shared_experts must equal intermediate_size")
@@ -864,6 +865,14 @@ def make_deepseek_weights(
     out[p + "enorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
     out[p + "hnorm.weight"] = (1.0 + 0.1 * torch.randn(h, generator=gen)).to(torch.bfloat16)
     out[p + "shared_head.norm.weight"] = out["model.norm.weight"].clone()
+    # The eos churn needs greedy outputs that meet EOS: this draw puts the EOS row of lm_head
+    # among the shortest (EOS next to never wins), so it gets the upper-quartile norm, where the
+    # Llama and MiMoV2 targets' draws put theirs.
+    head = out["lm_head.weight"].float()
+    norms = head.norm(dim=-1)
+    eos = config["eos_token_id"]
+    head[eos] *= norms.quantile(eos_norm_quantile) / norms[eos]
+    out["lm_head.weight"] = head.to(torch.bfloat16).contiguous()
     out[p + "embed_tokens.weight"] = out["model.embed_tokens.weight"].clone()
     out[p + "shared_head.head.weight"] = out["lm_head.weight"].clone()
     return out
