@@ -25,14 +25,15 @@ def checkpoint(directory: Path) -> dict[str, torch.Tensor]:
     return load_file(str(directory / "model.safetensors"))
 
 
-def server_args(kwargs: dict[str, Any]) -> Any:
-    """SGLang's ``ServerArgs`` of Engine kwargs, on the CPU device (its post-init writes a few
-    ``SGLANG_*`` variables into the environment: put back)."""
+def server_args(kwargs: dict[str, Any], device: str = "cpu") -> Any:
+    """SGLang's ``ServerArgs`` of Engine kwargs, on the CPU device unless told (its post-init
+    writes a few ``SGLANG_*`` variables into the environment: put back). ``cuda``: the choices
+    SGLang makes for a GPU, as far as they need no CUDA call (the attention backend, PCG)."""
     from sglang.srt.server_args import ServerArgs
 
     saved = dict(os.environ)
     try:
-        return ServerArgs(**kwargs, device="cpu")
+        return ServerArgs(**kwargs, device=device)
     finally:
         os.environ.clear()
         os.environ.update(saved)

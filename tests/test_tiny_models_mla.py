@@ -147,7 +147,6 @@ def test_the_config_is_deepseek_v3_with_mla_and_its_draft_is_the_nextn_layer(mod
 
 def test_server_args_take_every_mla_launch(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     import sglang.srt.server_args as sa_mod
-    from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -170,11 +169,13 @@ def test_server_args_take_every_mla_launch(models: dict[str, Path], monkeypatch:
     # the explicit 3 / 1 / 4 is what SGLang picks for DeepSeek when no spec flag is given
     auto = server_args(dict(e2e.engine_kwargs(cases[0], root), **dict(e2e.AUTO_SPEC)))
     assert (auto.speculative_num_steps, auto.speculative_eagle_topk, auto.speculative_num_draft_tokens) == (3, 1, 4)
-    # SGLang picks FA3 for MLA on Hopper (the mla-* cases name no backend); elsewhere not
-    target = ModelConfig.from_server_args(sa)
-    assert sa._get_default_attn_backend(use_mla_backend=True, model_config=target) != "fa3"
-    monkeypatch.setattr(sa_mod, "is_hopper_with_cuda_12_3", lambda: True)
-    assert sa._get_default_attn_backend(use_mla_backend=True, model_config=target) == "fa3"
+    # The mla-* cases name no backend: on a GPU host SGLang picks FA3 for this MLA model on Hopper
+    # (Triton on a GPU that is neither Hopper nor Blackwell), with piecewise CUDA graph on
+    for hopper, backend in ((False, "triton"), (True, "fa3")):
+        monkeypatch.setattr(sa_mod, "is_hopper_with_cuda_12_3", lambda hopper=hopper: hopper)
+        for case in cases:
+            gpu = server_args(e2e.engine_kwargs(case, root), device="cuda")
+            assert (gpu.attention_backend, gpu.disable_piecewise_cuda_graph, gpu.page_size) == (backend, False, 1)
 
 
 @pytest.fixture(scope="module")
