@@ -101,19 +101,19 @@ counts errors apart from failures.
 Per case the checks are: both runs finished every scenario; outputs identical (aborted
 requests: the shorter output is a prefix of the longer); lengths as requested where EOS is
 ignored; logprobs identical where requested; the plugin's INFO line in every process of the
-patched run and its "disabled" line in the stock run; no plugin warning, error or traceback
-in either log; ``maybe_wait_verify_done`` called by the stock scheduler and never by the
-patched one; retraction seen (``retract``); no GPU memory growth after warm-up (``soak``);
-outputs met EOS and requests ended on EOS, stop tokens and length (``eos``); the prefix served
-from the radix cache (``radix``); with the sync probe (``mla``): both runs' decode iterations
-counted and the patched run's ``seq_lens`` syncs per decode iteration no more than stock's. Tree
-cases instead of the ``verify_done`` pair: both runs
-resolved to the same server arguments and tree; ``tree-*``: both spec v1, the plugin's one
-auto-tree WARNING and no spec-v2 tree line; ``treev2-*``: patched spec v2 (and no
-``verify_done`` wait), stock spec v1, the plugin's one "spec v2 runs the EAGLE tree" line and
-stock's spec-v1 line, the tree as asked (5 / 4 / 8 for the auto ones), and with the STANDALONE
-or EAGLE-1 draft a patched mean accept length above 1.3 (from SGLang's ``Decode batch`` lines;
-the report gives it next to the requests' own mean, stock / patched).
+patched run and its "disabled" line in the stock run; no plugin warning, error or traceback in
+either log; ``maybe_wait_verify_done`` called by the stock scheduler and never by the patched
+one; retraction seen (``retract``); no GPU memory growth after warm-up (``soak``); outputs met
+EOS and requests ended on EOS, stop tokens and length (``eos``); the prefix served from the
+radix cache (``radix``); with the sync probe (``mla``): both runs' decode iterations counted
+and the patched run's ``seq_lens`` syncs per decode iteration no more than stock's. Tree cases
+instead of the ``verify_done`` pair: both runs resolved to the same server arguments and tree;
+``tree-*``: both spec v1, the plugin's one auto-tree WARNING and no spec-v2 tree line;
+``treev2-*``: patched spec v2 (and no ``verify_done`` wait), stock spec v1, the plugin's one
+"spec v2 runs the EAGLE tree" line and stock's spec-v1 line, the tree as asked (5 / 4 / 8 for
+the auto ones), and with the STANDALONE or EAGLE-1 draft a patched mean accept length above 1.3
+(from SGLang's ``Decode batch`` lines; the report gives it next to the requests' own mean,
+stock / patched).
 
 Results: ``--out DIR`` gets ``e2e-<tag>.json`` (everything), ``e2e-<tag>.txt`` (the
 report) and ``logs-<tag>.tar.gz`` (every Engine's full log). ``--merge`` turns one or more JSONs into the Markdown record
@@ -532,8 +532,7 @@ def engine_kwargs(case: Case, models: Path, stock: bool = False) -> dict[str, An
     extra = dict(case.extra, **(dict(case.stock_extra) if stock else {}))
     return engine_config.spec_engine_kwargs(
         str(models / target), None if draft is None else str(models / draft), algorithm=case.algorithm,
-        backend=case.backend,
-        cuda_graph=case.cuda_graph, pcg=None if default else case.pcg, mem_fraction=0.06,
+        backend=case.backend, cuda_graph=case.cuda_graph, pcg=None if default else case.pcg, mem_fraction=0.06,
         cuda_graph_max_bs=extra.pop("cuda_graph_max_bs", 64), pcg_max_tokens=512 if case.pcg else None,
         **dict({"chunked_prefill_size": 512, "max_running_requests": 56, "max_total_tokens": 65536}, **extra))
 
