@@ -103,6 +103,10 @@ given, so the simplest real layout is one directory:
   in a little of the target's hidden state: on CPU its first draft step names the target's next
   token about 40% of the time and a chain of 3 steps accepts about 1.7 tokens a step
   (``deepseek_greedy_probe``; ``tests/test_tiny_models_mla.py`` checks it with SGLang's modules).
+  The EOS row of lm_head gets the upper-quartile norm (the draw put it among the shortest, and
+  the ``eos`` churn needs greedy outputs that meet EOS; the other targets' draws put theirs there).
+  The CPU reference (``deepseek_reference``) computes MLA the plain way (per-head keys and values
+  from the latent); SGLang's MHA prefill and its absorbed decode path both match it.
 
 Launched as a DeepSeek user does (``gpu_e2e.py --group mla``): ``sglang.Engine(model_path=
 ".../deepseek", speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_eagle_topk=1,
