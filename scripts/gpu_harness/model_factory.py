@@ -637,8 +637,6 @@ def make_mimov2_models(out: Path, *, seed: int = 1234, mtp_layers: int = MTP_LAY
 
 DEEPSEEK_DIRNAME = "deepseek"
 DEEPSEEK_ARCH = "DeepseekV3ForCausalLM"
-#: The architecture SGLang gives the draft model of a DeepSeek target (``ModelConfig``).
-DEEPSEEK_NEXTN_ARCH = "DeepseekV3ForCausalLMNextN"
 #: The tensors of the NextN layer that are not a decoder layer's (SGLang maps them to
 #: ``model.<name>``; every other ``model.layers.<L>.*`` tensor goes to ``model.decoder``).
 NEXTN_OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
