@@ -61,6 +61,18 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
   ``mtp-fa3-graph-nopcg``, ``mtp-triton-nograph-nopcg``, all with the matrix scenarios, and
   ``mtp-eos-default`` (the ``eos`` churn). The ``default`` and ``fa3`` ones need FA3. Not Triton
   with CUDA graph: stock 0.5.12.post1 fails to capture the MTP draft-extend graphs there.
+* DeepSeek MTP on MLA (``--group mla``; ``EAGLEWorkerV2`` with ``DeepseekV3ForCausalLMNextN``):
+  the tiny DeepSeek-V3 target (MLA, three dense layers and one MoE layer) with its NextN layer
+  in the same checkpoint (``deepseek/`` from ``make_tiny_models.py``), launched as DeepSeek is:
+  ``--speculative-algorithm NEXTN`` and no draft path (SGLang loads the target's own NextN
+  layer), 3 steps, topk 1, 4 draft tokens (SGLang's own choice for DeepSeek), no attention
+  backend and no piecewise CUDA graph switch (FA3 MLA on Hopper, piecewise CUDA graph as SGLang
+  decides): ``mla-default-{graph,nograph}`` (the matrix scenarios: batches, churn, stop tokens,
+  logprobs; CUDA graph on and off), ``mla-eos-default`` (the ``eos`` churn, batch-variant as
+  ``mtp-eos-default``: judged at near-ties) and ``mla-radix-default`` (the ``radix`` profile).
+  The host-sync probe runs in both runs of each (``Case.sync_probe``): host syncs per decode
+  iteration, on ``seq_lens`` and in all, stock and patched, go to the report and the record. All
+  need FA3.
 * EAGLE trees (topk > 1). Stock 0.5.12.x runs an explicit tree on spec v1 and crashes on
   SGLang's auto-chosen one (a Llama target with EAGLE3 or EAGLE, no spec flags: 5 / 4 / 8), so
   the auto cases' oracle is stock given that tree explicitly. The EAGLE auto cases run the
@@ -81,7 +93,7 @@ them round-robin; a TP=2 Engine takes the first two. Every Engine gets ports no 
 the run uses (``gpu_harness.port_blocks.PortAllocator``).
 
 Groups (``--group``, with ``--cases`` their union): ``base`` (everything before the FA3 set),
-``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``, ``tree``, ``tree-v2``.
+``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``, ``mla``, ``tree``, ``tree-v2``.
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -90,17 +102,19 @@ counts errors apart from failures.
 Per case the checks are: both runs finished every scenario; outputs identical (aborted
 requests: the shorter output is a prefix of the longer); lengths as requested where EOS is
 ignored; logprobs identical where requested; the plugin's INFO line in every process of the
-patched run and its "disabled" line in the stock run; no plugin warning, error or traceback
-in either log; ``maybe_wait_verify_done`` called by the stock scheduler and never by the
-patched one; retraction seen (``retract``); no GPU memory growth after warm-up (``soak``);
-outputs met EOS and requests ended on EOS, stop tokens and length (``eos``); the prefix served
-from the radix cache (``radix``). Tree cases instead of the ``verify_done`` pair: both runs
-resolved to the same server arguments and tree; ``tree-*``: both spec v1, the plugin's one
-auto-tree WARNING and no spec-v2 tree line; ``treev2-*``: patched spec v2 (and no
-``verify_done`` wait), stock spec v1, the plugin's one "spec v2 runs the EAGLE tree" line and
-stock's spec-v1 line, the tree as asked (5 / 4 / 8 for the auto ones), and with the STANDALONE
-or EAGLE-1 draft a patched mean accept length above 1.3 (from SGLang's ``Decode batch`` lines;
-the report gives it next to the requests' own mean, stock / patched).
+patched run and its "disabled" line in the stock run; no plugin warning, error or traceback in
+either log; ``maybe_wait_verify_done`` called by the stock scheduler and never by the patched
+one; retraction seen (``retract``); no GPU memory growth after warm-up (``soak``); outputs met
+EOS and requests ended on EOS, stop tokens and length (``eos``); the prefix served from the
+radix cache (``radix``); with the sync probe (``mla``): both runs' decode iterations counted
+and the patched run's ``seq_lens`` syncs per decode iteration no more than stock's. Tree cases
+instead of the ``verify_done`` pair: both runs resolved to the same server arguments and tree;
+``tree-*``: both spec v1, the plugin's one auto-tree WARNING and no spec-v2 tree line;
+``treev2-*``: patched spec v2 (and no ``verify_done`` wait), stock spec v1, the plugin's one
+"spec v2 runs the EAGLE tree" line and stock's spec-v1 line, the tree as asked (5 / 4 / 8 for
+the auto ones), and with the STANDALONE or EAGLE-1 draft a patched mean accept length above 1.3
+(from SGLang's ``Decode batch`` lines; the report gives it next to the requests' own mean,
+stock / patched).
 
 Results: ``--out DIR`` gets ``e2e-<tag>.json`` (everything), ``e2e-<tag>.txt`` (the
 report) and ``logs-<tag>.tar.gz`` (every Engine's full log). ``--merge`` turns one or more JSONs into the Markdown record
@@ -152,7 +166,7 @@ VOCAB_LO = 3  # ids 0..2 are pad/bos/eos in the tiny models
 @dataclass(frozen=True)
 class Case:
     name: str
-    algorithm: str  # EAGLE3 | STANDALONE | EAGLE (multi-layer EAGLE: the MiMoV2 target, its MTP draft)
+    algorithm: str  # EAGLE3 | STANDALONE | EAGLE (multi-layer EAGLE: MiMoV2 + MTP) | NEXTN (DeepSeek MTP)
     backend: str  # triton | flashinfer | fa3 | default (none given: SGLang picks, FA3 on Hopper)
     cuda_graph: bool
     pcg: bool  # with backend default: SGLang's default (on), not passed
@@ -174,12 +188,16 @@ class Case:
     upstream: bool = False
     #: The model directories (target, draft) when not the algorithm's (``MODEL_DIRS``): e.g. the
     #: Llama target with its EAGLE-1 draft, where ``EAGLE`` otherwise means the MiMoV2 pair.
-    models: tuple[str, str] | None = None
+    models: tuple[str, str | None] | None = None
     #: Batching is timing-dependent and the kernels are not batch-invariant (piecewise CUDA
     #: graph cannot run under deterministic inference): two runs, stock against stock too, may
     #: part where a batch's numerics flip a near-tie. Every request carries its top logprobs and
     #: each difference must be a near-tie (``near_tie_checks``), as for trees.
     batch_variant: bool = False
+    #: Both runs count host syncs per decode iteration (``gpu_probe/smoke_sync_probe.py``, as
+    #: ``gpu_smoke.py --sync-probe``): recorded per run, and the patched run may not sync on
+    #: ``seq_lens`` more often than stock. The probe slows the scheduler down, never times.
+    sync_probe: bool = False
 
     @property
     def gpus(self) -> int:
@@ -238,8 +256,8 @@ def all_cases() -> list[Case]:
     # in the soak, so that any difference is the plugin's.
     cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))))
-    return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + tree_cases()
-            + tree_v2_cases() + tree_v2_det_cases())
+    return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + mla_cases()
+            + tree_cases() + tree_v2_cases() + tree_v2_det_cases())
 
 
 #: The profiles that run the soak workload (GPU memory sampled, checked flat).
@@ -313,6 +331,24 @@ def multilayer_cases() -> list[Case]:
     # same build passed this case token for token a day earlier. Every difference must be a
     # near-tie (``eos-ties``: the eos workload with top logprobs).
     cases.append(Case("mtp-eos-default", "EAGLE", "default", True, True, "eos-ties", mtp, batch_variant=True))
+    return cases
+
+
+def mla_cases() -> list[Case]:
+    """DeepSeek MTP on MLA (``EAGLEWorkerV2`` with the NextN draft): the tiny DeepSeek-V3 target
+    and its NextN layer launched as SGLang runs DeepSeek by default (no attention backend, no
+    piecewise CUDA graph switch: FA3 MLA on Hopper; no draft path: the target's own NextN layer),
+    CUDA graph on and off with the matrix scenarios (batches of 1 / 7 / 48, churn, stop tokens,
+    logprobs), the EOS / stop-token churn and the radix cache; every run counts its host syncs
+    per decode iteration."""
+    mla = {"sync_probe": True}
+    cases = [Case(f"mla-default-{'graph' if graph else 'nograph'}", "NEXTN", "default", graph, True, "matrix", **mla)
+             for graph in (True, False)]
+    # The EOS churn as mtp-eos-default: SGLang's default (FA3 + piecewise CUDA graph, no
+    # deterministic inference) is not batch-invariant, and which iteration a finished request
+    # leaves in is timing-dependent; every difference must be a near-tie (``eos-ties``).
+    cases.append(Case("mla-eos-default", "NEXTN", "default", True, True, "eos-ties", batch_variant=True, **mla))
+    cases.append(Case("mla-radix-default", "NEXTN", "default", True, True, "radix", **mla))
     return cases
 
 
@@ -455,6 +491,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "pd": ("pd-*",),
     "soak": ("soak-*", "fa3soak-*", "mtpsoak-*"),
     "mtp": ("mtp-*",),
+    "mla": ("mla-*",),
     "tree": ("tree-*",),
     "tree-v2": ("treev2-*",),
     "tree-v2-det": ("treev2det-*",),
@@ -478,25 +515,28 @@ def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repea
     return cases + [replace(c, name=f"{c.name}~{k}") for k in range(2, repeat + 1) for c in cases]
 
 
-#: The model directories (``make_tiny_models.py``) of each algorithm: target, draft.
-MODEL_DIRS = {"EAGLE3": ("target", "eagle3"), "STANDALONE": ("target", "draft"), "EAGLE": ("mimov2", "mimov2-mtp")}
+#: The model directories (``make_tiny_models.py``) of each algorithm: target, draft (None: no draft
+#: path; DeepSeek MTP reads the NextN layer from the target's own checkpoint).
+MODEL_DIRS: dict[str, tuple[str, str | None]] = {
+    "EAGLE3": ("target", "eagle3"), "STANDALONE": ("target", "draft"), "EAGLE": ("mimov2", "mimov2-mtp"),
+    "NEXTN": ("deepseek", None)}
 #: Drafts that get part of a tree accepted (the EAGLE3 draft gets ~1 token a step).
 PARTIAL_ACCEPT_DRAFTS = frozenset({"draft", "eagle"})
 
 
-def model_dirs(case: Case) -> tuple[str, str]:
+def model_dirs(case: Case) -> tuple[str, str | None]:
     """A case's model directories (target, draft): its own, else its algorithm's."""
     return case.models or MODEL_DIRS[case.algorithm]
 
 
 def engine_kwargs(case: Case, models: Path, stock: bool = False) -> dict[str, Any]:
     """The Engine kwargs of a case (``stock``: of its stock run, with ``Case.stock_extra``)."""
-    target, draft = (models / name for name in model_dirs(case))
+    target, draft = model_dirs(case)
     default = case.backend == "default"
     extra = dict(case.extra, **(dict(case.stock_extra) if stock else {}))
     return engine_config.spec_engine_kwargs(
-        str(target), str(draft), algorithm=case.algorithm, backend=case.backend,
-        cuda_graph=case.cuda_graph, pcg=None if default else case.pcg, mem_fraction=0.06,
+        str(models / target), None if draft is None else str(models / draft), algorithm=case.algorithm,
+        backend=case.backend, cuda_graph=case.cuda_graph, pcg=None if default else case.pcg, mem_fraction=0.06,
         cuda_graph_max_bs=extra.pop("cuda_graph_max_bs", 64), pcg_max_tokens=512 if case.pcg else None,
         **dict({"chunked_prefill_size": 512, "max_running_requests": 56, "max_total_tokens": 65536}, **extra))
 
@@ -1599,6 +1639,40 @@ def tree_v2_checks(case: Case, stock: dict[str, Any], patched: dict[str, Any]) -
     return checks
 
 
+def sync_digest(sync: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The record of a run's sync probe (``logs.summarize_sync``): decode iterations, host syncs
+    per decode iteration (all, and on ``seq_lens``) and the ``seq_lens`` call sites; None without
+    the probe."""
+    if sync is None:
+        return None
+    per = sync["decode"]["per_iteration"]
+    return {"decode_iterations": sync["decode_iterations"],
+            "syncs_per_decode": None if per["syncs"] is None else round(per["syncs"], 3),
+            "seq_lens_syncs_per_decode": None if per["seq_lens_syncs"] is None else round(per["seq_lens_syncs"], 3),
+            "seq_lens_sites": sorted({x["site"] for x in sync["decode"]["sites"] if x["seq_lens"]}),
+            "errors": sync["errors"][:3]}
+
+
+def sync_checks(stock: dict[str, Any], patched: dict[str, Any]) -> list[Check]:
+    """A ``sync_probe`` case: the probe counted decode iterations in both runs' schedulers, and
+    the patched run waits on ``seq_lens`` no more often per decode iteration than stock."""
+    checks = []
+    digests = {}
+    for name, run in (("stock", stock), ("patched", patched)):
+        d = sync_digest(run.get("sync")) or {}
+        digests[name] = d
+        n = int(d.get("decode_iterations") or 0)
+        checks.append(Check(f"sync probe: {name} decode iterations counted",
+                            n > 0 and bool((run.get("sync") or {}).get("wrapped")),
+                            f"{n} decode iterations" + (f"; probe errors {d['errors']}" if d.get("errors") else "")))
+    s, p = (digests[k].get("seq_lens_syncs_per_decode") for k in ("stock", "patched"))
+    checks.append(Check("patched: seq_lens syncs per decode iteration <= stock's",
+                        s is not None and p is not None and p <= s,
+                        f"stock {s} ({digests['stock'].get('seq_lens_sites')}), "
+                        f"patched {p} ({digests['patched'].get('seq_lens_sites')})"))
+    return checks
+
+
 def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str, Any], patched: dict[str, Any]) -> list[Check]:
     checks: list[Check] = []
     for name, run in (("stock", stock), ("patched", patched)):
@@ -1634,6 +1708,8 @@ def evaluate_case(case: Case, sc_list: Sequence[dict[str, Any]], stock: dict[str
                                 f"{sprobe.scheduler_calls} maybe_wait_verify_done calls"))
         checks.append(Check("patched never waits on verify_done",
                             bool(pprobe.scheduler_pids) and pprobe.total_calls == 0, f"{pprobe.total_calls} calls"))
+    if case.sync_probe:
+        checks.extend(sync_checks(stock, patched))
     if case.gpus > 1:
         # One scheduler per GPU (TP ranks, or DP ranks behind the DP controller): the check
         # above then holds for each of them.
@@ -1713,13 +1789,15 @@ def run_engine(case: Case, mode_name: str, mode: str, spec: dict[str, Any], work
     ports = port_blocks.PortBlock(spec["ports"]["base"]) if spec.get("ports") else None
     env = with_case_env(child_env.subprocess_env(mode, probe_dir, log_config, ports=ports, site=site,
                                           cuda_visible_devices=spec.get("cuda_visible_devices"),
-                                          probe_funcs=PD_PROBE_FUNCS if case.pd_decode else ()), case)
+                                          probe_funcs=PD_PROBE_FUNCS if case.pd_decode else (),
+                                          sync_probe=case.sync_probe), case)
     rc, wall, result, text = launch.run_worker(Path(__file__).resolve(), spec, work, tag, work / f"{tag}.log", env,
                                            timeout)
     print(f"   {tag}: rc {rc}, {wall:.0f} s", flush=True)
     error = launch.engine_error(rc, result, text, expected=[sc["name"] for sc in spec["scenarios"]])
     return {"mode": mode, "returncode": rc, "wall_s": wall, "result": result,
             "log": logs.scan_log(text), "probe": logs.summarize_probe(logs.read_probe_dir(probe_dir)),
+            "sync": logs.summarize_sync(logs.read_sync_records(probe_dir)) if case.sync_probe else None,
             "retract_lines": text.count(RETRACT_LINE), "log_path": str(work / f"{tag}.log"),
             "log_excerpt": logs.trim_log(text, max_lines=25, tail=8), "error": error,
             "log_tail": logs.log_tail(text) if error else None, "ports": spec.get("ports"),
@@ -1892,6 +1970,7 @@ def case_summary(r: CaseResult) -> dict[str, Any]:
                 "retract_lines": run.get("retract_lines"),
                 "applied_pids": run["log"].applied_pids,
                 "verify_done_calls": run["probe"].total_calls,
+                "sync": sync_digest(run.get("sync")),
                 "scheduler_pids": run["probe"].scheduler_pids,
                 "scheduler_calls": run["probe"].scheduler_calls_by_name,
                 "log_excerpt": run.get("log_excerpt") if run["returncode"] != 0 or not res else None}
@@ -1922,6 +2001,15 @@ def _status(s: dict[str, Any]) -> str:
     return s.get("status") or ("skipped" if s.get("skipped") else "passed" if s.get("passed") else "failed")
 
 
+def sync_line(stock: dict[str, Any] | None, patched: dict[str, Any] | None) -> str:
+    """``host syncs per decode iteration, stock / patched: seq_lens 3.1 / 1.0, all 5.2 / 3.0
+    (1200 / 1180 decode iterations)`` from two :func:`sync_digest` records."""
+    s, p = stock or {}, patched or {}
+    return (f"host syncs per decode iteration, stock / patched: seq_lens {s.get('seq_lens_syncs_per_decode')} / "
+            f"{p.get('seq_lens_syncs_per_decode')}, all {s.get('syncs_per_decode')} / {p.get('syncs_per_decode')} "
+            f"({s.get('decode_iterations')} / {p.get('decode_iterations')} decode iterations)")
+
+
 def format_report(summaries: Sequence[dict[str, Any]], fa3: bool | None = None) -> str:
     lines = [] if fa3 is None else [child_env.fa3_line(fa3)]
     for s in summaries:
@@ -1943,6 +2031,8 @@ def format_report(summaries: Sequence[dict[str, Any]], fa3: bool | None = None) 
                      f"{pt['output_tokens']} tokens; accept {st['mean_accept_length']} / {pt['mean_accept_length']}"
                      f"{log_accept}; start {st['startup_s']} / {pt['startup_s']} s; {pt.get('config')}; finish "
                      f"{st.get('finish_counts')} / {pt.get('finish_counts')}")
+        if st.get("sync") or pt.get("sync"):
+            lines.append("    " + sync_line(st.get("sync"), pt.get("sync")))
         if "upstream" in s["runs"]:
             ut = s["runs"]["upstream"]
             lines.append(f"    0.5.13: accept {ut['mean_accept_length']} (decode log {ut.get('log_accept_length')}); "
@@ -2032,6 +2122,10 @@ def merge_record_from_docs(docs: Sequence[dict[str, Any]]) -> str:
         if c["case"]["profile"] in ("radix", "tree-radix"):
             lines += ["", f"Radix cache ({c['case']['name']}): cached prompt tokens stock {s.get('cached_tokens')}, "
                       f"patched {p.get('cached_tokens')}."]
+        if s.get("sync") or p.get("sync"):
+            lines += ["", f"Sync probe ({c['case']['name']}): {sync_line(s.get('sync'), p.get('sync'))}; "
+                      f"seq_lens sites stock {(s.get('sync') or {}).get('seq_lens_sites')}, patched "
+                      f"{(p.get('sync') or {}).get('seq_lens_sites')}."]
     return "\n".join(lines) + "\n"
 
 

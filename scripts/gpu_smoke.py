@@ -59,7 +59,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -154,90 +154,6 @@ def compare_outputs(
     return results
 
 
-DECODE_MODE = "DECODE"
-
-
-def _sync_scope(rows: Sequence[dict[str, Any]], iterations: int) -> dict[str, Any]:
-    """Totals, per-iteration means and a per-site breakdown of sync rows over ``iterations``."""
-    merged: dict[tuple, dict[str, Any]] = {}
-    for r in rows:
-        key = (r["site"], r["op"], bool(r["seq_lens"]))
-        m = merged.setdefault(key, {"site": r["site"], "op": r["op"], "seq_lens": bool(r["seq_lens"]),
-                                    "count": 0, "blocked_s": 0.0, "seq_lens_tensor": 0})
-        m["count"] += int(r.get("count", 0))
-        m["blocked_s"] += float(r.get("blocked_s", 0.0))
-        m["seq_lens_tensor"] += int(r.get("seq_lens_tensor", 0))
-    n = iterations
-
-    def per(x: float) -> float | None:
-        return x / n if n else None
-
-    sites = []
-    for m in sorted(merged.values(), key=lambda m: (-m["count"], m["site"], m["op"])):
-        sites.append(dict(m, per_iteration=per(m["count"]),
-                          blocked_ms_per_iteration=per(m["blocked_s"] * 1e3),
-                          mean_us=(m["blocked_s"] * 1e6 / m["count"]) if m["count"] else None))
-    syncs = sum(m["count"] for m in merged.values())
-    seq = sum(m["count"] for m in merged.values() if m["seq_lens"])
-    blocked = sum(m["blocked_s"] for m in merged.values()) * 1e3
-    seq_blocked = sum(m["blocked_s"] for m in merged.values() if m["seq_lens"]) * 1e3
-    tensor_hits = sum(m["seq_lens_tensor"] for m in merged.values())
-    return {
-        "iterations": n,
-        "syncs": syncs,
-        "seq_lens_syncs": seq,
-        "seq_lens_tensor_syncs": tensor_hits,
-        "blocked_ms": blocked,
-        "seq_lens_blocked_ms": seq_blocked,
-        "per_iteration": {
-            "syncs": per(syncs),
-            "seq_lens_syncs": per(seq),
-            "seq_lens_tensor_syncs": per(tensor_hits),
-            "blocked_ms": per(blocked),
-            "seq_lens_blocked_ms": per(seq_blocked),
-        },
-        "sites": sites,
-    }
-
-
-def summarize_sync(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Aggregate the sync probe's per-process records (only installed ones: schedulers).
-
-    ``decode``: syncs charged to decode iterations (those opened by a ``run_batch`` of a
-    DECODE batch) per decode iteration; ``all``: every sync after the first ``run_batch``
-    per iteration of any mode."""
-    recs = [r for r in records if r.get("kind") == "sync-probe" and r.get("installed")]
-    iterations: dict[str, int] = {}
-    bs_sum: dict[str, int] = {}
-    rows: list[dict[str, Any]] = []
-    async_d2h: dict[str, int] = {}
-    errors: list[str] = []
-    wrapped: set[str] = set()
-    for r in recs:
-        for k, v in (r.get("iterations") or {}).items():
-            iterations[k] = iterations.get(k, 0) + int(v)
-        for k, v in (r.get("batch_size_sum") or {}).items():
-            bs_sum[k] = bs_sum.get(k, 0) + int(v)
-        rows.extend(r.get("syncs") or [])
-        for k, v in (r.get("async_d2h") or {}).items():
-            async_d2h[k] = async_d2h.get(k, 0) + int(v)
-        errors.extend(r.get("errors") or [])
-        wrapped.update(r.get("wrapped") or [])
-    n_dec = iterations.get(DECODE_MODE, 0)
-    return {
-        "pids": sorted(int(r.get("pid") or 0) for r in recs),
-        "proctitles": sorted({str(r.get("proctitle")) for r in recs}),
-        "wrapped": sorted(wrapped),
-        "errors": errors,
-        "iterations": iterations,
-        "decode_iterations": n_dec,
-        "mean_decode_batch_size": (bs_sum.get(DECODE_MODE, 0) / n_dec) if n_dec else None,
-        "decode": _sync_scope([x for x in rows if x.get("mode") == DECODE_MODE], n_dec),
-        "all": _sync_scope(rows, sum(iterations.values())),
-        "async_d2h": async_d2h,
-    }
-
-
 def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -283,7 +199,7 @@ def evaluate(
 ) -> tuple[list[Check], list[PromptResult]]:
     """All pass/fail decisions, from each run's dict: ``result`` (worker JSON or None),
     ``returncode``, ``log`` (logs.LogFindings), ``probe`` (logs.ProbeSummary) and, with
-    ``sync_probe``, ``sync`` (:func:`summarize_sync`)."""
+    ``sync_probe``, ``sync`` (``logs.summarize_sync``)."""
     checks: list[Check] = []
     s_res, p_res = stock.get("result"), patched.get("result")
     s_out = (s_res or {}).get("outputs", [])
@@ -481,7 +397,7 @@ def run_one(name: str, mode: str, spec: dict[str, Any], work: Path, log_dir: Pat
         "result": result,
         "log": logs.scan_log(text),
         "probe": logs.summarize_probe(logs.read_probe_dir(probe_dir)),
-        "sync": summarize_sync(logs.read_sync_records(probe_dir)) if sync_probe else None,
+        "sync": logs.summarize_sync(logs.read_sync_records(probe_dir)) if sync_probe else None,
         "log_path": str(log_path),
         "ports": ports.as_dict() if ports is not None else None,
         "error": launch.engine_error(rc, result, text),

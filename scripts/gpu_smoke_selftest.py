@@ -239,7 +239,7 @@ def test_sync_pure() -> None:
         return {"mode": mode, "site": site, "op": op, "seq_lens": seq, "count": count, "blocked_s": blocked,
                 "seq_lens_tensor": hit}
 
-    stock = gs.summarize_sync([
+    stock = logs.summarize_sync([
         rec(7, {"DECODE": 10, "EXTEND": 2}, [
             row("DECODE", "ScheduleBatch.maybe_wait_verify_done", "cuda.Event.synchronize", True, 20, 0.010),
             row("DECODE", "prepare_for_decode", "Tensor.cpu", True, 10, 0.002, 10),
@@ -260,16 +260,16 @@ def test_sync_pure() -> None:
     expect([x["count"] for x in d["sites"]] == [20, 10, 10] and d["sites"][0]["mean_us"] == 500.0
            and abs(d["sites"][0]["blocked_ms_per_iteration"] - 1.0) < 1e-9, "summarize_sync: site breakdown sorted")
     expect(stock["all"]["syncs"] == 42 and stock["all"]["iterations"] == 12, "summarize_sync: all modes")
-    two = gs.summarize_sync([rec(1, {"DECODE": 2}, [row("DECODE", "s", "Tensor.item", False, 2, 0.0)]),
+    two = logs.summarize_sync([rec(1, {"DECODE": 2}, [row("DECODE", "s", "Tensor.item", False, 2, 0.0)]),
                              rec(2, {"DECODE": 2}, [row("DECODE", "s", "Tensor.item", False, 6, 0.0)])])
     expect(two["decode"]["per_iteration"]["syncs"] == 2.0 and len(two["decode"]["sites"]) == 1,
            "summarize_sync: two schedulers merge by site")
-    empty = gs.summarize_sync([])
+    empty = logs.summarize_sync([])
     expect(empty["decode_iterations"] == 0 and empty["decode"]["per_iteration"]["syncs"] is None, "summarize_sync: empty")
-    patched = gs.summarize_sync([rec(7, {"DECODE": 5}, [
+    patched = logs.summarize_sync([rec(7, {"DECODE": 5}, [
         row("DECODE", "resolve_seq_lens_cpu", "Tensor.cpu", True, 5, 0.001),
         row("DECODE", "Scheduler.process_batch_result_decode", "cuda.Event.synchronize", False, 5, 0.010)])])
-    zero = gs.summarize_sync([rec(7, {"DECODE": 5}, [
+    zero = logs.summarize_sync([rec(7, {"DECODE": 5}, [
         row("DECODE", "Scheduler.process_batch_result_decode", "cuda.Event.synchronize", False, 5, 0.010)])])
     text = "\n".join(gs.format_sync_report({"stock": {"sync": stock}, "patched": {"sync": patched}, "x": {}}))
     expect("stock: 10 decode iterations" in text and "4.00 syncs, 3.00 seq_lens syncs, 4.200 ms blocked" in text
@@ -528,7 +528,7 @@ def test_sync_probe(tmp: Path) -> None:
         if not torch_ok:
             print(f"  ({tag} no torch there: wrappers not checked)")
             continue
-        sy = gs.summarize_sync(recs)
+        sy = logs.summarize_sync(recs)
         d = sy["decode"]
         sites = {(x["site"], x["op"]): x["count"] for x in d["sites"]}
         want = {("Scheduler.run_batch", op): 5 for op in ("Tensor.tolist", "Tensor.__bool__", "Tensor.__int__",

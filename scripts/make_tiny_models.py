@@ -3,7 +3,7 @@
 docstring says what each is and why) into ``--out``; ``--check`` verifies tensor names and shapes
 and runs the greedy probes on CPU.
 
-    python3 scripts/make_tiny_models.py --out /tmp/models   # -> /tmp/models/{target,draft,eagle3,eagle,mimov2,mimov2-mtp}
+    python3 scripts/make_tiny_models.py --out /tmp/models   # -> /tmp/models/{target,draft,eagle3,eagle,mimov2,...}
     python3 scripts/make_tiny_models.py --out /tmp/models --check  # + verify names/shapes + greedy probes
 """
 
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=(model_factory.__doc__ or "").split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True,
-                   help="output directory; gets target/, draft/, eagle3/, eagle/, mimov2/ and mimov2-mtp/")
+                   help="output directory; gets target/, draft/, eagle3/, eagle/, mimov2/, mimov2-mtp/ and deepseek/")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--target-layers", type=int, default=4)
     p.add_argument("--draft-layers", type=int, default=2)
@@ -64,10 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     mtp_dirs = (args.out / model_factory.MIMOV2_DIRNAME, args.out / model_factory.MIMOV2_MTP_DIRNAME)
     edir = args.out / model_factory.EAGLE_DIRNAME
-    print(f"wrote {tdir}, {ddir}, {args.out / model_factory.EAGLE3_DIRNAME}, {edir}, {mtp_dirs[0]} and {mtp_dirs[1]}")
+    mla = args.out / model_factory.DEEPSEEK_DIRNAME
+    print(f"wrote {tdir}, {ddir}, {args.out / model_factory.EAGLE3_DIRNAME}, {edir}, {mtp_dirs[0]}, {mtp_dirs[1]} "
+          f"and {mla}")
     if not args.check:
         return 0
-    problems = [p for d in (tdir, ddir, args.out / model_factory.EAGLE3_DIRNAME, edir, *mtp_dirs)
+    problems = [p for d in (tdir, ddir, args.out / model_factory.EAGLE3_DIRNAME, edir, *mtp_dirs, mla)
                 for p in model_factory.check_model_dir(d)]
     for p in problems:
         print("PROBLEM:", p)
@@ -77,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     mtp = model_factory.mtp_greedy_probe(*mtp_dirs)
     print(f"MiMoV2 greedy probe (plain torch): distinct tokens per output {mtp['distinct_per_output']}, "
           f"MTP layer / target agreement {[round(a, 2) for a in mtp['mtp_agreement']]}")
+    ds = model_factory.deepseek_greedy_probe(mla)
+    print(f"DeepSeek greedy probe (plain torch): distinct tokens per output {ds['distinct_per_output']}, NextN "
+          f"first step / target agreement {ds['nextn_agreement']:.2f}, chain (3 steps, topk 1) accepts "
+          f"{ds['mean_accept_length']:.2f} tokens a step {ds['accept_lengths']}")
     eagle = model_factory.eagle_greedy_probe(tdir, edir)
     tree = model_factory.eagle_tree_probe(tdir, edir)
     print(f"EAGLE greedy probe (plain torch): draft step / target agreement {eagle['eagle_agreement']:.2f}, "

@@ -1,5 +1,5 @@
 """SGLang 0.5.12.post1's own model code on a CPU host, for the tiny-model tests
-(``test_tiny_models_mtp.py``, ``test_tiny_models_eagle.py``): its ``ServerArgs`` of an e2e
+(``test_tiny_models_mtp.py``, ``test_tiny_models_eagle.py``, ``test_tiny_models_mla.py``): its ``ServerArgs`` of an e2e
 launch, its loader (``get_model``) on a single-rank gloo group, and its modules' forward pass
 with a plain-torch stand-in for the GPU attention kernels (the one piece that cannot run here).
 """
@@ -25,14 +25,15 @@ def checkpoint(directory: Path) -> dict[str, torch.Tensor]:
     return load_file(str(directory / "model.safetensors"))
 
 
-def server_args(kwargs: dict[str, Any]) -> Any:
-    """SGLang's ``ServerArgs`` of Engine kwargs, on the CPU device (its post-init writes a few
-    ``SGLANG_*`` variables into the environment: put back)."""
+def server_args(kwargs: dict[str, Any], device: str = "cpu") -> Any:
+    """SGLang's ``ServerArgs`` of Engine kwargs, on the CPU device unless told (its post-init
+    writes a few ``SGLANG_*`` variables into the environment: put back). ``cuda``: the choices
+    SGLang makes for a GPU, as far as they need no CUDA call (the attention backend, PCG)."""
     from sglang.srt.server_args import ServerArgs
 
     saved = dict(os.environ)
     try:
-        return ServerArgs(**kwargs, device="cpu")
+        return ServerArgs(**kwargs, device=device)
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -112,11 +113,17 @@ def assert_loaded(model: torch.nn.Module, expected: dict[str, tuple[torch.Tensor
 class StandInAttention:
     """Causal attention over one sequence in plain torch, in place of the GPU attention backends
     (sliding-window layers see their last ``sliding_window_size`` keys, as SGLang's Triton
-    backend does). Everything around it is SGLang's own module code."""
+    backend does). Everything around it is SGLang's own module code. ``layers`` records the
+    attention layers it served (DeepSeek's MLA: ``attn_mha`` for the MHA prefill, ``attn_mqa``
+    with the 576-wide latent for the absorbed path)."""
+
+    def __init__(self) -> None:
+        self.layers: list[Any] = []
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, forward_batch: Any,
                 save_kv_cache: bool = True, sinks: torch.Tensor | None = None) -> torch.Tensor:
         assert sinks is None  # the tiny models have no attention sinks
+        self.layers.append(layer)
         n, hq, hk = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num
         q = q.view(n, hq, -1).float()
         k = k.view(n, hk, -1).float().repeat_interleave(hq // hk, dim=1)
@@ -130,14 +137,31 @@ class StandInAttention:
         return out.reshape(n, -1).to(torch.bfloat16)
 
 
-def sglang_logits(model: torch.nn.Module, ids: list[int], target_hidden: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and final hidden states of SGLang's model over one prefilled sequence (a draft:
-    with the target's hidden states, ``spec_info.hidden_states``)."""
+class StandInKVPool:
+    """The KV pool of one prefilled sequence: keeps what a layer saves itself (DeepSeek's MHA
+    prefill writes its latent, ``[normalised kv_a | roped k_pe]``, before attending)."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, torch.Tensor] = {}
+
+    def set_kv_buffer(self, layer: Any, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor | None) -> None:
+        self.saved[layer.layer_id] = cache_k.detach().clone()
+
+
+def sglang_logits(model: torch.nn.Module, ids: list[int], target_hidden: torch.Tensor | None = None,
+                  attn: StandInAttention | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and final hidden states of SGLang's model over one prefilled sequence, no prefix
+    cached (a draft: with the target's hidden states, ``spec_info.hidden_states``); ``attn``:
+    the stand-in attention to use (to see which layers it served)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    batch = SimpleNamespace(input_ids=torch.tensor(ids), forward_mode=ForwardMode.EXTEND, attn_backend=StandInAttention(),
-                            can_run_tbo=False, return_hidden_states_before_norm=False, attn_cp_metadata=None)
+    n = len(ids)
+    batch = SimpleNamespace(input_ids=torch.tensor(ids), forward_mode=ForwardMode.EXTEND,
+                            attn_backend=attn or StandInAttention(), can_run_tbo=False,
+                            return_hidden_states_before_norm=False, attn_cp_metadata=None,
+                            # what DeepSeek's MLA reads of a prefill batch
+                            extend_prefix_lens_cpu=[0], seq_lens_cpu=torch.tensor([n]), mha_one_shot=False,
+                            token_to_kv_pool=StandInKVPool(), out_cache_loc=torch.arange(n))
     if target_hidden is not None:
         batch.spec_info = SimpleNamespace(hidden_states=target_hidden)
     with torch.no_grad():

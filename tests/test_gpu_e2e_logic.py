@@ -890,6 +890,112 @@ def test_mtp_cases_run_the_mimov2_pair_with_and_without_cuda_graph(tmp_path: Pat
     assert e2e.MODEL_DIRS["EAGLE"] == (model_factory.MIMOV2_DIRNAME, model_factory.MIMOV2_MTP_DIRNAME)
 
 
+# ----------------------------------------------------------------------------- DeepSeek MTP (MLA)
+
+
+def test_mla_cases_launch_deepseek_as_sglang_runs_it(tmp_path: Path) -> None:
+    """The DeepSeek target with its own NextN layer, SGLang's defaults: no attention backend, no
+    piecewise CUDA graph switch, no draft path; CUDA graph on and off, EOS / stop-token churn,
+    radix cache, logprobs (the matrix profile's ``logprob`` scenario); the sync probe in each."""
+    mla = e2e.select_cases(None, groups=["mla"])
+    assert [c.name for c in mla] == [c.name for c in e2e.mla_cases()]
+    assert {(c.profile, c.cuda_graph) for c in mla} == {("matrix", True), ("matrix", False), ("eos-ties", True),
+                                                          ("radix", True)}
+    # the EOS churn, as mtp-eos-default, is judged at near-ties; the rest token for token
+    assert [c.name for c in mla if c.batch_variant] == ["mla-eos-default"]
+    assert all(c.algorithm == "NEXTN" and c.backend == "default" and c.pcg and c.sync_probe and c.needs_fa3
+               and c.models is None and c.gpus == 1 for c in mla)
+    assert "logprob" in {sc["name"] for sc in e2e.scenarios("matrix", 4096)}
+    others = sorted(g for g in e2e.GROUPS if g != "mla")
+    assert not any(c.name.startswith("mla-") for c in e2e.select_cases(None, groups=others))
+    assert not any(c.sync_probe for c in e2e.all_cases() if not c.name.startswith("mla-"))
+    for c in mla:
+        kw = e2e.engine_kwargs(c, tmp_path)
+        assert kw["model_path"] == str(tmp_path / model_factory.DEEPSEEK_DIRNAME)
+        assert kw["speculative_algorithm"] == "NEXTN" and "speculative_draft_model_path" not in kw
+        assert "attention_backend" not in kw and "disable_piecewise_cuda_graph" not in kw
+        assert [kw[k] for k in e2e.SPEC_TREE_KEYS] == [3, 1, 4]
+        assert kw["disable_cuda_graph"] is (not c.cuda_graph) and ("cuda_graph_max_bs" in kw) is c.cuda_graph
+        assert "--speculative-draft-model-path" not in e2e.server_argv(kw, 30000)
+    assert e2e.MODEL_DIRS["NEXTN"] == (model_factory.DEEPSEEK_DIRNAME, None)
+
+
+def _sync_record(pid: int, decode: int, seq_lens_per_decode: int, other_per_decode: int = 1) -> dict[str, Any]:
+    """A ``sync-<pid>.json`` record of the host-sync probe (``gpu_probe/smoke_sync_probe.py``)."""
+    rows = [{"mode": "DECODE", "site": "Scheduler.process_batch_result_decode", "op": "cuda.Event.synchronize",
+             "seq_lens": False, "count": other_per_decode * decode, "blocked_s": 0.01, "seq_lens_tensor": 0}]
+    if seq_lens_per_decode:
+        rows.append({"mode": "DECODE", "site": "ScheduleBatch.maybe_wait_verify_done", "op": "cuda.Event.synchronize",
+                     "seq_lens": True, "count": seq_lens_per_decode * decode, "blocked_s": 0.02, "seq_lens_tensor": 0})
+    return {"kind": "sync-probe", "pid": pid, "installed": True, "iterations": {"DECODE": decode, "EXTEND": 3},
+            "proctitle": "sglang::scheduler", "batch_size_sum": {"DECODE": 4 * decode}, "syncs": rows,
+            "wrapped": ["Tensor.item"], "errors": [], "async_d2h": {}}
+
+
+def test_run_engine_counts_host_syncs_only_where_the_case_asks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    envs: dict[str, dict[str, str]] = {}
+
+    def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
+        envs[name] = env
+        if env.get("SMOKE_SYNC_PROBE") == "1":
+            Path(env["SMOKE_PROBE_DIR"], "sync-77.json").write_text(json.dumps(_sync_record(77, 40, 3)))
+        return 0, 1.0, {"pid": 10, "startup_s": 1.0, "scenarios": {}}, ""
+
+    monkeypatch.setattr(launch, "run_worker", fake_worker)
+    spec = {"scenarios": [], "engine_kwargs": {}}
+    mla = next(c for c in e2e.mla_cases() if c.profile == "matrix")
+    run = e2e.run_engine(mla, "stock", "off", spec, tmp_path, 1, tmp_path / "log.json")
+    assert envs[f"{mla.name}-stock"]["SMOKE_SYNC_PROBE"] == "1"
+    assert run["sync"]["decode_iterations"] == 40 and run["sync"]["pids"] == [77]
+    assert e2e.sync_digest(run["sync"]) == {"decode_iterations": 40, "syncs_per_decode": 4.0,
+                                            "seq_lens_syncs_per_decode": 3.0,
+                                            "seq_lens_sites": ["ScheduleBatch.maybe_wait_verify_done"], "errors": []}
+    other = next(c for c in e2e.all_cases() if c.name == "default-eagle3")
+    run = e2e.run_engine(other, "stock", "off", spec, tmp_path, 1, tmp_path / "log.json")
+    assert "SMOKE_SYNC_PROBE" not in envs["default-eagle3-stock"] and run["sync"] is None
+
+
+def test_sync_checks_need_counted_decode_iterations_and_no_more_seq_lens_syncs_than_stock() -> None:
+    case = next(c for c in e2e.mla_cases() if c.profile == "matrix")
+    scs = [{"name": "r", "kind": "batch", "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True}]}]
+    res = {"pid": 10, "scenarios": {"r": {"outputs": [_rec([1, 2])]}}}
+
+    def runs(stock_seq: int, patched_seq: int, patched_decode: int = 50) -> list[Any]:
+        stock = dict(_side("off", res), sync=logs.summarize_sync([_sync_record(11, 50, stock_seq)]))
+        patched = dict(_side("strict", res), sync=logs.summarize_sync([_sync_record(11, patched_decode, patched_seq)]))
+        return e2e.evaluate_case(case, scs, stock, patched)
+
+    ok = runs(3, 1)
+    assert all(c.ok for c in ok), [c for c in ok if not c.ok]
+    assert {c.name for c in ok} >= {"sync probe: stock decode iterations counted",
+                                    "sync probe: patched decode iterations counted",
+                                    "patched: seq_lens syncs per decode iteration <= stock's"}
+    assert all(c.ok for c in runs(0, 0))
+    assert [c.name for c in runs(1, 2) if not c.ok] == ["patched: seq_lens syncs per decode iteration <= stock's"]
+    assert [c.name for c in runs(3, 1, patched_decode=0) if not c.ok] == [
+        "sync probe: patched decode iterations counted", "patched: seq_lens syncs per decode iteration <= stock's"]
+    # a case without the probe has none of these checks
+    plain = next(c for c in e2e.all_cases() if c.name == "default-eagle3")
+    assert not any("sync" in c.name for c in e2e.evaluate_case(plain, scs, _side("off", res), _side("strict", res)))
+
+
+def test_the_report_and_the_record_carry_the_host_syncs(tmp_path: Path) -> None:
+    case = next(c for c in e2e.mla_cases() if c.profile == "matrix")
+    scs = [{"name": "r", "kind": "batch", "sampling_params": [{"max_new_tokens": 2, "ignore_eos": True}]}]
+    res = {"pid": 10, "scenarios": {"r": {"outputs": [_rec([1, 2])]}}}
+    runs = {"stock": dict(_side("off", res), sync=logs.summarize_sync([_sync_record(11, 50, 3)])),
+            "patched": dict(_side("strict", res), sync=logs.summarize_sync([_sync_record(11, 48, 1)]))}
+    checks = e2e.evaluate_case(case, scs, runs["stock"], runs["patched"])
+    summary = e2e.case_summary(e2e.CaseResult(case, all(c.ok for c in checks), checks, 1.0, runs))
+    assert summary["runs"]["patched"]["sync"]["seq_lens_syncs_per_decode"] == 1.0
+    line = ("host syncs per decode iteration, stock / patched: seq_lens 3.0 / 1.0, all 4.0 / 2.0 "
+            "(50 / 48 decode iterations)")
+    assert line in e2e.format_report([summary])
+    doc = {"cases": [summary], "environment": {"date": "2026-11-25", "command": "x", "wall_s": 1.0, "fa3": True}}
+    record = e2e.merge_record_from_docs([doc])
+    assert f"Sync probe ({case.name}): {line}" in record
+
+
 def test_a_case_naming_its_models_runs_them_in_every_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``EAGLE`` alone is the MiMoV2 pair; the auto-tree EAGLE cases name the Llama target and
     its EAGLE-1 draft (``Case.models``), and every run of them (stock, patched, 0.5.13) gets

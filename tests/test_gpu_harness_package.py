@@ -163,6 +163,11 @@ def test_spec_engine_kwargs_and_effective_config() -> None:
     assert (kw["speculative_num_steps"], kw["speculative_eagle_topk"], kw["speculative_num_draft_tokens"]) == (3, 1, 4)
     default = engine_config.spec_engine_kwargs("t", "d", backend="default", pcg=None, mem_fraction=0.1)
     assert "attention_backend" not in default and "disable_piecewise_cuda_graph" not in default
+    assert default["speculative_draft_model_path"] == "d"
+    # DeepSeek MTP: no draft path (SGLang reads the NextN layer from the target's checkpoint)
+    nextn = engine_config.spec_engine_kwargs("t", None, algorithm="NEXTN", backend="default", pcg=None,
+                                             mem_fraction=0.1)
+    assert "speculative_draft_model_path" not in nextn and nextn["speculative_algorithm"] == "NEXTN"
 
     class Engine:
         def get_server_info(self):

@@ -10,19 +10,18 @@ from gpu_harness import logs
 SPEC_STEPS = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
 
 
-def spec_engine_kwargs(target: str, draft: str, *, algorithm: str = "STANDALONE", backend: str | None = "triton",
-                       cuda_graph: bool = True, pcg: bool | None = False, mem_fraction: float,
-                       seed: int = 0, cuda_graph_max_bs: int | None = None, pcg_max_tokens: int | None = None,
-                       log_level: str = "info", **extra: Any) -> dict[str, Any]:
+def spec_engine_kwargs(target: str, draft: str | None, *, algorithm: str = "STANDALONE",
+                       backend: str | None = "triton", cuda_graph: bool = True, pcg: bool | None = False,
+                       mem_fraction: float, seed: int = 0, cuda_graph_max_bs: int | None = None,
+                       pcg_max_tokens: int | None = None, log_level: str = "info", **extra: Any) -> dict[str, Any]:
     """``sglang.Engine`` kwargs of a speculative-decoding run (spec v2, 3 steps, topk 1, 4 draft
     tokens, skip the tokenizer). ``backend`` ``default`` (or None) passes no attention backend
-    and ``pcg`` None leaves piecewise CUDA graph alone: SGLang's own choices."""
-    kw: dict[str, Any] = {
-        "model_path": target,
-        "speculative_draft_model_path": draft,
-        "speculative_algorithm": algorithm,
-        **SPEC_STEPS,
-    }
+    and ``pcg`` None leaves piecewise CUDA graph alone: SGLang's own choices. ``draft`` None
+    names no draft model: DeepSeek MTP, where SGLang loads the target's own NextN layer."""
+    kw: dict[str, Any] = {"model_path": target}
+    if draft is not None:
+        kw["speculative_draft_model_path"] = draft
+    kw.update({"speculative_algorithm": algorithm, **SPEC_STEPS})
     if backend not in (None, "default"):
         kw["attention_backend"] = backend
     kw.update({"sampling_backend": "pytorch", "grammar_backend": "none", "skip_tokenizer_init": True})

@@ -2,7 +2,7 @@
 and pid: :func:`logging_config`), the plugin's startup lines and anything that looks like a
 plugin problem (:func:`scan_log`), and the records the probes of ``gpu_probe/`` write into a
 run's probe folder (``probe-<pid>.json``: :func:`summarize_probe`; ``sync-<pid>.json``:
-:func:`read_sync_records`)."""
+:func:`read_sync_records`, :func:`summarize_sync`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from gpu_harness import child_env
 
@@ -232,3 +232,88 @@ def read_sync_records(directory: Path) -> list[dict[str, Any]]:
     """The host-sync probes' records in ``directory``, one per process (``sync-<pid>.json``:
     ``gpu_probe/smoke_sync_probe.py`` or ``gpu_probe/bench_sync_probe.py``)."""
     return _read_records(directory, "sync-*.json")
+
+
+#: The forward mode whose ``run_batch`` iterations the sync probe charges decode syncs to.
+DECODE_MODE = "DECODE"
+
+
+def _sync_scope(rows: Sequence[dict[str, Any]], iterations: int) -> dict[str, Any]:
+    """Totals, per-iteration means and a per-site breakdown of sync rows over ``iterations``."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        key = (r["site"], r["op"], bool(r["seq_lens"]))
+        m = merged.setdefault(key, {"site": r["site"], "op": r["op"], "seq_lens": bool(r["seq_lens"]),
+                                    "count": 0, "blocked_s": 0.0, "seq_lens_tensor": 0})
+        m["count"] += int(r.get("count", 0))
+        m["blocked_s"] += float(r.get("blocked_s", 0.0))
+        m["seq_lens_tensor"] += int(r.get("seq_lens_tensor", 0))
+    n = iterations
+
+    def per(x: float) -> float | None:
+        return x / n if n else None
+
+    sites = []
+    for m in sorted(merged.values(), key=lambda m: (-m["count"], m["site"], m["op"])):
+        sites.append(dict(m, per_iteration=per(m["count"]),
+                          blocked_ms_per_iteration=per(m["blocked_s"] * 1e3),
+                          mean_us=(m["blocked_s"] * 1e6 / m["count"]) if m["count"] else None))
+    syncs = sum(m["count"] for m in merged.values())
+    seq = sum(m["count"] for m in merged.values() if m["seq_lens"])
+    blocked = sum(m["blocked_s"] for m in merged.values()) * 1e3
+    seq_blocked = sum(m["blocked_s"] for m in merged.values() if m["seq_lens"]) * 1e3
+    tensor_hits = sum(m["seq_lens_tensor"] for m in merged.values())
+    return {
+        "iterations": n,
+        "syncs": syncs,
+        "seq_lens_syncs": seq,
+        "seq_lens_tensor_syncs": tensor_hits,
+        "blocked_ms": blocked,
+        "seq_lens_blocked_ms": seq_blocked,
+        "per_iteration": {
+            "syncs": per(syncs),
+            "seq_lens_syncs": per(seq),
+            "seq_lens_tensor_syncs": per(tensor_hits),
+            "blocked_ms": per(blocked),
+            "seq_lens_blocked_ms": per(seq_blocked),
+        },
+        "sites": sites,
+    }
+
+
+def summarize_sync(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Aggregate the sync probe's per-process records (only installed ones: schedulers).
+
+    ``decode``: syncs charged to decode iterations (those opened by a ``run_batch`` of a
+    DECODE batch) per decode iteration; ``all``: every sync after the first ``run_batch``
+    per iteration of any mode."""
+    recs = [r for r in records if r.get("kind") == "sync-probe" and r.get("installed")]
+    iterations: dict[str, int] = {}
+    bs_sum: dict[str, int] = {}
+    rows: list[dict[str, Any]] = []
+    async_d2h: dict[str, int] = {}
+    errors: list[str] = []
+    wrapped: set[str] = set()
+    for r in recs:
+        for k, v in (r.get("iterations") or {}).items():
+            iterations[k] = iterations.get(k, 0) + int(v)
+        for k, v in (r.get("batch_size_sum") or {}).items():
+            bs_sum[k] = bs_sum.get(k, 0) + int(v)
+        rows.extend(r.get("syncs") or [])
+        for k, v in (r.get("async_d2h") or {}).items():
+            async_d2h[k] = async_d2h.get(k, 0) + int(v)
+        errors.extend(r.get("errors") or [])
+        wrapped.update(r.get("wrapped") or [])
+    n_dec = iterations.get(DECODE_MODE, 0)
+    return {
+        "pids": sorted(int(r.get("pid") or 0) for r in recs),
+        "proctitles": sorted({str(r.get("proctitle")) for r in recs}),
+        "wrapped": sorted(wrapped),
+        "errors": errors,
+        "iterations": iterations,
+        "decode_iterations": n_dec,
+        "mean_decode_batch_size": (bs_sum.get(DECODE_MODE, 0) / n_dec) if n_dec else None,
+        "decode": _sync_scope([x for x in rows if x.get("mode") == DECODE_MODE], n_dec),
+        "all": _sync_scope(rows, sum(iterations.values())),
+        "async_d2h": async_d2h,
+    }

@@ -1,6 +1,6 @@
 """Write a tiny Llama target, a correlated STANDALONE draft, an EAGLE3 draft, an EAGLE-1 draft,
-and a tiny MiMoV2 target with its multi-layer MTP draft as real checkpoints, plus offline
-word-level tokenizers for the two targets.
+a tiny MiMoV2 target with its multi-layer MTP draft and a tiny DeepSeek-V3 (MLA) target with its
+NextN (MTP) layer as real checkpoints, plus offline word-level tokenizers for the targets.
 
 Offline model factory for the GPU tests. Every model directory holds ``config.json`` +
 ``model.safetensors`` generated from a fixed seed, so every machine builds bit-identical
@@ -78,6 +78,40 @@ and no piecewise-CUDA-graph switch)::
                   sampling_backend="pytorch", grammar_backend="none", skip_tokenizer_init=True,
                   mem_fraction_static=0.06, chunked_prefill_size=512, max_running_requests=56,
                   max_total_tokens=65536, random_seed=0, log_level="info")
+
+DeepSeek MTP (MLA): SGLang 0.5.12.post1 runs a ``DeepseekV3ForCausalLM`` target with
+``--speculative-algorithm EAGLE`` (or ``NEXTN``, the same) on ``EAGLEWorkerV2``, and its draft is
+``DeepseekV3ForCausalLMNextN`` (``ModelConfig`` renames the draft's architecture): one NextN layer
+read from ``model.layers.<num_hidden_layers>.*``. DeepSeek ships that layer inside the target's
+checkpoint, and SGLang's ``ServerArgs`` sets the draft path to the target's own when none is
+given, so the simplest real layout is one directory:
+
+* ``deepseek/``: ``DeepseekV3ForCausalLM`` (model type ``deepseek_v3``, transformers' own config
+  class), 4 layers (0..2 dense, 3 MoE), hidden 256, 8 heads, MLA with DeepSeek-V3's per-head
+  shapes (``kv_lora_rank`` 512, ``qk_rope_head_dim`` 64, ``qk_nope_head_dim`` 128,
+  ``v_head_dim`` 128: FA3 MLA decodes a 576-wide latent with 512-wide values, the MHA prefill
+  runs 192 / 128 heads, as for V3/R1), ``q_lora_rank`` 256 (V3's fused ``q_a`` + ``kv_a``
+  projection), interleaved RoPE, no RoPE scaling; MoE: 8 routed experts in 2 groups, 2 per token
+  (``noaux_tc`` sigmoid gate, V3's routing), 1 shared expert, routed scaling 2.5; vocabulary
+  4096 with the Llama target's tokenizer (ids 0..2 pad/bos/eos), bf16. ``num_nextn_predict_layers``
+  1, and the NextN layer ``model.layers.4.*``: ``enorm``, ``hnorm``, ``eh_proj``,
+  ``shared_head.norm``, a decoder layer (always MoE for SGLang) and DeepSeek's own copies of the
+  embedding and lm_head (``embed_tokens``, ``shared_head.head``), which SGLang's NextN loader skips
+  (the draft worker hands the draft the target's); the target's loader skips the whole layer.
+  The NextN layer is the target's layer 0 (its dense MLP as the shared expert, small random
+  routed experts) behind an ``eh_proj`` that passes the next token's embedding through and mixes
+  in a little of the target's hidden state: on CPU its first draft step names the target's next
+  token about 40% of the time and a chain of 3 steps accepts about 1.7 tokens a step
+  (``deepseek_greedy_probe``; ``tests/test_tiny_models_mla.py`` checks it with SGLang's modules).
+  The EOS row of lm_head gets the upper-quartile norm (the draw put it among the shortest, and
+  the ``eos`` churn needs greedy outputs that meet EOS; the other targets' draws put theirs there).
+  The CPU reference (``deepseek_reference``) computes MLA the plain way (per-head keys and values
+  from the latent); SGLang's MHA prefill and its absorbed decode path both match it.
+
+Launched as a DeepSeek user does (``gpu_e2e.py --group mla``): ``sglang.Engine(model_path=
+".../deepseek", speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_eagle_topk=1,
+speculative_num_draft_tokens=4, ...)`` with no draft path, no attention backend and no piecewise
+CUDA graph switch (SGLang picks FA3 for MLA on Hopper; 3 / 1 / 4 is its own choice for DeepSeek).
 
 Command line: ``scripts/make_tiny_models.py --out DIR [--check]``; the harnesses call
 :func:`build_tiny_models`, the benchmarks :func:`write_model_dirs` (config-only models).
@@ -238,6 +272,8 @@ def shapes_for(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         return expected_eagle_shapes(config)
     if is_mtp_config(config):
         return expected_mtp_shapes(config)
+    if is_deepseek_config(config):
+        return expected_deepseek_shapes(config)
     return expected_shapes(config)  # Llama, and the MiMoV2 target (the same tensor names)
 
 
@@ -383,13 +419,15 @@ def make_models(
     late_layer_scale: float = 0.5,
     eagle_mix: float = 0.1,
     mtp: bool = True,
+    mla: bool = True,
     **shape: Any,
 ) -> tuple[Path, Path]:
     """Write ``out/target`` (with its tokenizer), ``out/draft``, ``out/eagle3``, ``out/eagle``
     (EAGLE-1: the target's first ``draft_layers`` layers behind an ``fc`` that mixes in
-    ``eagle_mix`` of the target's hidden state) and (``mtp``) ``out/mimov2`` + ``out/mimov2-mtp``
-    (their own fixed shape: ``shape`` is the Llama pair's); returns the target and STANDALONE
-    draft paths."""
+    ``eagle_mix`` of the target's hidden state), (``mtp``) ``out/mimov2`` + ``out/mimov2-mtp`` and
+    (``mla``) ``out/deepseek`` (target and NextN layer in one checkpoint); the MiMoV2 and DeepSeek
+    models have their own fixed shapes (``shape`` is the Llama pair's). Returns the target and
+    STANDALONE draft paths."""
     if not 1 <= draft_layers <= target_layers:
         raise ValueError(f"draft_layers must be in 1..{target_layers}, got {draft_layers}")
     tcfg = llama_config(num_layers=target_layers, **shape)
@@ -414,6 +452,8 @@ def make_models(
     write_model(out / EAGLE_DIRNAME, ecfg, make_eagle_weights(tw, ecfg, mix=eagle_mix))
     if mtp:
         make_mimov2_models(out, seed=seed)
+    if mla:
+        make_deepseek_models(out, seed=seed)
     return tdir, ddir
 
 
@@ -593,6 +633,265 @@ def make_mimov2_models(out: Path, *, seed: int = 1234, mtp_layers: int = MTP_LAY
     return tdir, ddir
 
 
+# ----------------------------------------------------------------------------- DeepSeek-V3 (MLA) + NextN
+
+DEEPSEEK_DIRNAME = "deepseek"
+DEEPSEEK_ARCH = "DeepseekV3ForCausalLM"
+#: The tensors of the NextN layer that are not a decoder layer's (SGLang maps them to
+#: ``model.<name>``; every other ``model.layers.<L>.*`` tensor goes to ``model.decoder``).
+NEXTN_OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
+#: Tensors of the NextN layer that SGLang's NextN loader skips: the draft worker hands the
+#: draft the target's embedding and lm_head (DeepSeek-V3's checkpoint carries both all the same).
+NEXTN_SHARED = ("embed_tokens.weight", "shared_head.head.weight")
+
+
+def deepseek_config(
+    *,
+    num_layers: int = 4,
+    first_k_dense_replace: int = 3,
+    hidden_size: int = 256,
+    intermediate_size: int = 512,
+    num_heads: int = 8,
+    q_lora_rank: int | None = 256,
+    kv_lora_rank: int = 512,
+    qk_nope_head_dim: int = 128,
+    qk_rope_head_dim: int = 64,
+    v_head_dim: int = 128,
+    n_routed_experts: int = 8,
+    num_experts_per_tok: int = 2,
+    n_group: int = 2,
+    topk_group: int = 1,
+    moe_intermediate_size: int = 512,
+    n_shared_experts: int = 1,
+    routed_scaling_factor: float = 2.5,
+    vocab_size: int = 4096,
+    max_position_embeddings: int = 4096,
+    rope_theta: float = 10000.0,
+    rms_norm_eps: float = 1e-6,
+) -> dict[str, Any]:
+    """``config.json`` of a tiny ``DeepseekV3ForCausalLM`` with its NextN (MTP) layer, in bf16.
+
+    MLA with DeepSeek-V3's per-head shapes: a compressed KV of ``kv_lora_rank`` 512 plus a
+    shared rotary key of ``qk_rope_head_dim`` 64 (the 576 / 512 latent that SGLang's FA3 MLA
+    decode and its KV pool are built for), 128 + 64 query dims and 128 value dims per head (the
+    MHA prefill's 192 / 128), a query LoRA (``q_lora_rank``: the fused ``q_a`` + ``kv_a``
+    projection V3 has), interleaved rotary embedding, no RoPE scaling. Layers below
+    ``first_k_dense_replace`` are dense, the others (and always the NextN layer: SGLang builds
+    it as MoE) route ``num_experts_per_tok`` of ``n_routed_experts`` experts with V3's
+    ``noaux_tc`` sigmoid gate in ``n_group`` groups, plus shared experts. The token ids are the
+    other tiny models' (vocabulary 4096, ids 0..2 pad/bos/eos)."""
+    if not 0 <= first_k_dense_replace <= num_layers:
+        raise ValueError(f"first_k_dense_replace must be in 0..{num_layers}, got {first_k_dense_replace}")
+    if n_routed_experts % n_group or not 1 <= topk_group <= n_group:
+        raise ValueError(f"{n_routed_experts} experts in {n_group} groups, {topk_group} of them taken: not a grouping")
+    return {
+        "architectures": [DEEPSEEK_ARCH],
+        "model_type": "deepseek_v3",
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_nextn_predict_layers": 1,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_heads,
+        "q_lora_rank": q_lora_rank,
+        "kv_lora_rank": kv_lora_rank,
+        "qk_nope_head_dim": qk_nope_head_dim,
+        "qk_rope_head_dim": qk_rope_head_dim,
+        "v_head_dim": v_head_dim,
+        "first_k_dense_replace": first_k_dense_replace,
+        "moe_layer_freq": 1,
+        "n_routed_experts": n_routed_experts,
+        "num_experts_per_tok": num_experts_per_tok,
+        "n_group": n_group,
+        "topk_group": topk_group,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": routed_scaling_factor,
+        "moe_intermediate_size": moe_intermediate_size,
+        "n_shared_experts": n_shared_experts,
+        "hidden_act": "silu",
+        "vocab_size": vocab_size,
+        "max_position_embeddings": max_position_embeddings,
+        "rope_theta": rope_theta,
+        "rope_scaling": None,
+        "rope_interleave": True,
+        "rms_norm_eps": rms_norm_eps,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+    }
+
+
+def is_deepseek_config(config: dict[str, Any]) -> bool:
+    return config["architectures"] == [DEEPSEEK_ARCH]
+
+
+def is_moe_layer(config: dict[str, Any], layer: int) -> bool:
+    """Whether SGLang builds layer ``layer`` as MoE (the NextN layer, ``num_hidden_layers``,
+    always is)."""
+    return layer >= config["first_k_dense_replace"] and layer % config["moe_layer_freq"] == 0
+
+
+def _deepseek_layer_shapes(config: dict[str, Any], layer: int) -> dict[str, tuple[int, ...]]:
+    """The checkpoint tensors of decoder layer ``layer`` (names after ``model.layers.<layer>.``)."""
+    h, heads = config["hidden_size"], config["num_attention_heads"]
+    rank, rope = config["kv_lora_rank"], config["qk_rope_head_dim"]
+    qk, v = config["qk_nope_head_dim"] + rope, config["v_head_dim"]
+    shapes: dict[str, tuple[int, ...]] = {
+        "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
+        "self_attn.kv_a_proj_with_mqa.weight": (rank + rope, h),
+        "self_attn.kv_a_layernorm.weight": (rank,),
+        "self_attn.kv_b_proj.weight": (heads * (config["qk_nope_head_dim"] + v), rank),
+        "self_attn.o_proj.weight": (h, heads * v),
+    }
+    if config["q_lora_rank"] is None:
+        shapes["self_attn.q_proj.weight"] = (heads * qk, h)
+    else:
+        shapes["self_attn.q_a_proj.weight"] = (config["q_lora_rank"], h)
+        shapes["self_attn.q_a_layernorm.weight"] = (config["q_lora_rank"],)
+        shapes["self_attn.q_b_proj.weight"] = (heads * qk, config["q_lora_rank"])
+
+    def mlp(prefix: str, inter: int) -> None:
+        shapes.update({prefix + "gate_proj.weight": (inter, h), prefix + "up_proj.weight": (inter, h),
+                       prefix + "down_proj.weight": (h, inter)})
+
+    if layer < config["num_hidden_layers"] and not is_moe_layer(config, layer):
+        mlp("mlp.", config["intermediate_size"])
+        return shapes
+    experts, inter = config["n_routed_experts"], config["moe_intermediate_size"]
+    shapes["mlp.gate.weight"] = (experts, h)
+    shapes["mlp.gate.e_score_correction_bias"] = (experts,)
+    for e in range(experts):
+        mlp(f"mlp.experts.{e}.", inter)
+    if config["n_shared_experts"]:
+        mlp("mlp.shared_experts.", inter * config["n_shared_experts"])
+    return shapes
+
+
+def expected_deepseek_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of the DeepSeek checkpoint: the target's layers
+    ``0..num_hidden_layers-1`` as ``DeepseekV2ForCausalLM.load_weights`` takes them (it fuses
+    ``q_a_proj`` and ``kv_a_proj_with_mqa`` into one parameter, ``gate/up_proj`` into
+    ``gate_up_proj``, and stacks the routed experts itself), and the NextN layer
+    ``model.layers.<num_hidden_layers>.*`` as DeepSeek-V3 ships it: ``enorm``, ``hnorm``,
+    ``eh_proj``, ``shared_head.norm``, one decoder layer (MoE), and its own copy of the
+    embedding and lm_head (``shared_head.head``), which SGLang's NextN loader skips. The target's
+    loader skips every ``model.layers.<num_hidden_layers>.*`` tensor."""
+    h, vocab, n = config["hidden_size"], config["vocab_size"], config["num_hidden_layers"]
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,),
+                                          "lm_head.weight": (vocab, h)}
+    for i in range(n + config["num_nextn_predict_layers"]):
+        shapes.update({f"model.layers.{i}.{k}": s for k, s in _deepseek_layer_shapes(config, i).items()})
+    p = f"model.layers.{n}."
+    shapes.update({p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "eh_proj.weight": (h, 2 * h),
+                   p + "shared_head.norm.weight": (h,), p + "embed_tokens.weight": (vocab, h),
+                   p + "shared_head.head.weight": (vocab, h)})
+    return shapes
+
+
+def make_deepseek_weights(
+    config: dict[str, Any],
+    *,
+    seed: int = 1234,
+    linear_std: float = 0.05,
+    embed_std: float = 1.0,
+    lm_head_std: float = 0.2,
+    late_layer_scale: float = 0.5,
+    expert_std: float = 0.02,
+    link_std: float = 0.01,
+    eos_norm_quantile: float = 0.75,
+) -> dict[str, "torch.Tensor"]:  # noqa: F821
+    """Deterministic weights (bf16) of the target and its NextN layer.
+
+    The target: near-one norm gains, normal linear layers (``linear_std``; the layers after
+    the first ``late_layer_scale`` times that); an MoE layer's routed experts are small
+    (``expert_std``) next to its shared expert, and its gate has no correction bias (zeros), so
+    routing shifts the output a little and a near-tie in the gate changes little.
+
+    The NextN layer, correlated with the target as the MiMoV2 MTP layers are: the target's
+    layer 0 (attention and norms; its dense MLP becomes the shared expert, with small random
+    routed experts beside it) behind an ``eh_proj`` that passes the normalised next-token
+    embedding through and mixes in the target's hidden state with small random weights
+    (``link_std``), then the target's final norm. Its guess is about the target's prediction
+    without the later layers: often right, not always."""
+    import torch
+
+    if config["first_k_dense_replace"] < 1:
+        raise ValueError("the NextN layer copies layer 0, which must be dense (first_k_dense_replace >= 1)")
+    if config["moe_intermediate_size"] * config["n_shared_experts"] != config["intermediate_size"]:
+        raise ValueError("the NextN layer's shared expert copies layer 0's MLP: moe_intermediate_size x "
+                         "n_shared_experts must equal intermediate_size")
+    gen = torch.Generator(device="cpu").manual_seed(seed + 200)
+    n, h = config["num_hidden_layers"], config["hidden_size"]
+    out: dict[str, torch.Tensor] = {}
+    for name, shape in expected_deepseek_shapes(config).items():
+        if name.startswith(f"model.layers.{n}."):
+            continue  # the NextN layer: below, from the target's
+        if name.endswith("norm.weight"):
+            t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        elif name == "model.embed_tokens.weight":
+            t = embed_std * torch.randn(shape, generator=gen)
+        elif name == "lm_head.weight":
+            t = lm_head_std * torch.randn(shape, generator=gen)
+        elif name.endswith("e_score_correction_bias"):
+            t = torch.zeros(shape)
+        elif ".mlp.experts." in name:
+            t = expert_std * torch.randn(shape, generator=gen)
+        else:
+            layer = int(name.split(".")[2])
+            t = linear_std * (late_layer_scale if layer > 0 else 1.0) * torch.randn(shape, generator=gen)
+        out[name] = t.to(torch.bfloat16).contiguous()
+    p, first = f"model.layers.{n}.", "model.layers.0."
+    for name, shape in _deepseek_layer_shapes(config, n).items():
+        if name.startswith("mlp.shared_experts."):
+            t = out[first + name.replace("shared_experts.", "")].clone()
+        elif name.startswith("mlp.experts."):
+            t = (expert_std * torch.randn(shape, generator=gen)).to(torch.bfloat16)
+        elif name == "mlp.gate.weight":
+            t = (linear_std * torch.randn(shape, generator=gen)).to(torch.bfloat16)
+        elif name == "mlp.gate.e_score_correction_bias":
+            t = torch.zeros(shape, dtype=torch.bfloat16)
+        else:
+            t = out[first + name].clone()
+        out[p + name] = t.contiguous()
+    link = link_std * torch.randn((h, h), generator=gen)
+    out[p + "eh_proj.weight"] = torch.cat([torch.eye(h), link], dim=1).to(torch.bfloat16).contiguous()
+    out[p + "enorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    out[p + "hnorm.weight"] = (1.0 + 0.1 * torch.randn(h, generator=gen)).to(torch.bfloat16)
+    out[p + "shared_head.norm.weight"] = out["model.norm.weight"].clone()
+    # The eos churn needs greedy outputs that meet EOS: this draw puts the EOS row of lm_head
+    # among the shortest (EOS next to never wins), so it gets the upper-quartile norm, where the
+    # Llama and MiMoV2 targets' draws put theirs.
+    head = out["lm_head.weight"].float()
+    norms = head.norm(dim=-1)
+    eos = config["eos_token_id"]
+    head[eos] *= norms.quantile(eos_norm_quantile) / norms[eos]
+    out["lm_head.weight"] = head.to(torch.bfloat16).contiguous()
+    out[p + "embed_tokens.weight"] = out["model.embed_tokens.weight"].clone()
+    out[p + "shared_head.head.weight"] = out["lm_head.weight"].clone()
+    return out
+
+
+def make_deepseek_models(out: Path, *, seed: int = 1234, **shape: Any) -> Path:
+    """Write ``out/deepseek``: the target, its NextN layer in the same checkpoint (as DeepSeek-V3
+    ships it, and as SGLang loads DeepSeek MTP: with no draft path it uses the target's own
+    directory, ``DeepseekV3ForCausalLMNextN`` reading ``model.layers.<num_hidden_layers>.*``)
+    and the word-level tokenizer; returns the path."""
+    cfg = deepseek_config(**shape)
+    directory = out / DEEPSEEK_DIRNAME
+    write_model(directory, cfg, make_deepseek_weights(cfg, seed=seed))
+    write_tokenizer(directory, cfg["vocab_size"])
+    return directory
+
+
 # ----------------------------------------------------------------------------- checks
 
 
@@ -751,6 +1050,179 @@ def mtp_reference(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], layer: int,
     return _rms_norm(x, w[p + "final_layernorm.weight"], eps) @ w["lm_head.weight"].T
 
 
+def _mlp(m: "torch.Tensor", w: dict[str, "torch.Tensor"], prefix: str) -> "torch.Tensor":  # noqa: F821
+    """A SwiGLU MLP (``gate_proj``, ``up_proj``, ``down_proj`` under ``prefix``)."""
+    import torch
+
+    gate, up = m @ w[prefix + "gate_proj.weight"].T, m @ w[prefix + "up_proj.weight"].T
+    return (torch.nn.functional.silu(gate) * up) @ w[prefix + "down_proj.weight"].T
+
+
+def _rope_interleaved(t: "torch.Tensor", theta: float, start: int = 0) -> "torch.Tensor":  # noqa: F821
+    """Rotary embedding of ``t`` (positions ``start``.. along dim 0, features last) in the
+    interleaved (GPT-J) layout DeepSeek uses (``rope_interleave``): pairs (2i, 2i+1) rotate."""
+    import torch
+
+    n, d = t.shape[0], t.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    ang = torch.arange(start, start + n, dtype=torch.float32)[:, None] * inv[None, :]
+    shape = (n,) + (1,) * (t.dim() - 2) + (d // 2,)
+    cos, sin = ang.cos().view(shape), ang.sin().view(shape)
+    even, odd = t[..., 0::2], t[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+
+def deepseek_moe_reference(m: "torch.Tensor", w: dict[str, "torch.Tensor"], prefix: str,  # noqa: F821
+                           cfg: dict[str, Any], shared: bool = True) -> "torch.Tensor":  # noqa: F821
+    """DeepSeek-V3's MoE (the MLP under ``prefix``) in plain torch: sigmoid gate scores, the
+    ``topk_group`` best groups (a group's score: its two best experts, correction bias included),
+    the ``num_experts_per_tok`` best experts in them; their scores (no bias), normalised and times
+    ``routed_scaling_factor``, weight the routed experts; the shared experts add on (unless not
+    ``shared``)."""
+    import torch
+
+    n, experts, groups = m.shape[0], cfg["n_routed_experts"], cfg["n_group"]
+    scores = (m @ w[prefix + "gate.weight"].T).sigmoid()
+    choice = scores + w[prefix + "gate.e_score_correction_bias"]
+    group_scores = choice.view(n, groups, -1).topk(2, dim=-1).values.sum(-1)
+    keep = torch.zeros(n, groups).scatter(1, group_scores.topk(cfg["topk_group"], dim=-1).indices, 1.0).bool()
+    masked = choice.masked_fill(~keep.repeat_interleave(experts // groups, dim=1), float("-inf"))
+    ids = masked.topk(cfg["num_experts_per_tok"], dim=-1).indices
+    weights = scores.gather(1, ids)
+    if cfg["norm_topk_prob"]:
+        weights = weights / weights.sum(-1, keepdim=True)
+    weights = weights * cfg["routed_scaling_factor"]
+    out = _mlp(m, w, prefix + "shared_experts.") if shared and cfg["n_shared_experts"] else torch.zeros_like(m)
+    for e in range(experts):
+        rows, slot = (ids == e).nonzero(as_tuple=True)
+        if rows.numel():
+            out[rows] += weights[rows, slot, None] * _mlp(m[rows], w, f"{prefix}experts.{e}.")
+    return out
+
+
+#: A decoder layer's keys and values of earlier positions in the plain-torch reference:
+#: per-head ``k_nope`` and ``v`` and the shared rotary key, position first.
+KV = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]  # noqa: F821
+
+
+def _deepseek_block(x: "torch.Tensor", w: dict[str, "torch.Tensor"], layer: int, cfg: dict[str, Any],  # noqa: F821
+                    past: KV | None = None) -> tuple["torch.Tensor", KV]:  # noqa: F821
+    """Decoder layer ``layer`` (``num_hidden_layers``: the NextN layer's) over the positions
+    after ``past`` (the layer's keys and values of the positions before), causal: MLA computed
+    the plain way (keys and values per head from the normalised latent, one rotary key shared
+    by every head), then the dense MLP or the MoE. Returns the output and the keys and values
+    of every position so far."""
+    import torch
+
+    prefix, eps = f"model.layers.{layer}.", cfg["rms_norm_eps"]
+    n, heads, rank = x.shape[0], cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    start = 0 if past is None else past[0].shape[0]
+    a = _rms_norm(x, w[prefix + "input_layernorm.weight"], eps)
+    if cfg["q_lora_rank"] is None:
+        q = a @ w[prefix + "self_attn.q_proj.weight"].T
+    else:
+        q_latent = _rms_norm(a @ w[prefix + "self_attn.q_a_proj.weight"].T,
+                             w[prefix + "self_attn.q_a_layernorm.weight"], eps)
+        q = q_latent @ w[prefix + "self_attn.q_b_proj.weight"].T
+    q = q.view(n, heads, nope + rope)
+    latent = a @ w[prefix + "self_attn.kv_a_proj_with_mqa.weight"].T
+    kv = _rms_norm(latent[:, :rank], w[prefix + "self_attn.kv_a_layernorm.weight"], eps)
+    kv = (kv @ w[prefix + "self_attn.kv_b_proj.weight"].T).view(n, heads, nope + vd)
+    present: KV = (kv[..., :nope], kv[..., nope:], _rope_interleaved(latent[:, rank:], cfg["rope_theta"], start))
+    if past is not None:
+        present = tuple(torch.cat([old, new]) for old, new in zip(past, present))  # type: ignore[assignment]
+    k_nope, v, k_pe = present
+    q_pe = _rope_interleaved(q[..., nope:], cfg["rope_theta"], start)
+    scores = (torch.einsum("qhd,khd->hqk", q[..., :nope], k_nope)
+              + torch.einsum("qhd,kd->hqk", q_pe, k_pe)) / (nope + rope) ** 0.5
+    causal = torch.arange(start + n)[None, :] <= torch.arange(start, start + n)[:, None]
+    attn = torch.einsum("hqk,khd->qhd", scores.masked_fill(~causal, float("-inf")).softmax(-1), v)
+    x = x + attn.reshape(n, heads * vd) @ w[prefix + "self_attn.o_proj.weight"].T
+    m = _rms_norm(x, w[prefix + "post_attention_layernorm.weight"], eps)
+    moe = layer == cfg["num_hidden_layers"] or is_moe_layer(cfg, layer)
+    return x + (deepseek_moe_reference(m, w, prefix + "mlp.", cfg) if moe else _mlp(m, w, prefix + "mlp.")), present
+
+
+def deepseek_reference(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], ids: list[int],  # noqa: F821
+                       past: dict[int, KV] | None = None) -> tuple["torch.Tensor", "torch.Tensor"]:  # noqa: F821
+    """The tiny DeepSeek target in plain torch (fp32): logits and final (normalised) hidden
+    states of ``ids``, the hidden states SGLang hands the NextN draft. ``past``: every layer's
+    keys and values of the positions before ``ids``, extended in place (greedy decoding one
+    token at a time). A probe of the weights, not SGLang's numerics."""
+    past = {} if past is None else past
+    x = w["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        x, past[i] = _deepseek_block(x, w, i, cfg, past.get(i))
+    hidden = _rms_norm(x, w["model.norm.weight"], cfg["rms_norm_eps"])
+    return hidden @ w["lm_head.weight"].T, hidden
+
+
+def nextn_reference(cfg: dict[str, Any], w: dict[str, "torch.Tensor"], ids: list[int],  # noqa: F821
+                    hidden: "torch.Tensor", past: KV | None = None  # noqa: F821
+                    ) -> tuple["torch.Tensor", "torch.Tensor", KV]:  # noqa: F821
+    """The NextN layer in plain torch with the target's embedding and lm_head (SGLang's draft
+    worker shares them): position ``p`` reads token ``ids[p]`` and the hidden state
+    ``hidden[p]`` (the target's one position earlier, or the draft's own output at a later draft
+    step), after the positions of ``past``. Returns its logits, its output hidden states (after
+    ``shared_head.norm``, what the next draft step reads) and its keys and values so far."""
+    import torch
+
+    p, eps = f"model.layers.{cfg['num_hidden_layers']}.", cfg["rms_norm_eps"]
+    e = _rms_norm(w["model.embed_tokens.weight"][ids], w[p + "enorm.weight"], eps)
+    x = torch.cat([e, _rms_norm(hidden, w[p + "hnorm.weight"], eps)], dim=-1) @ w[p + "eh_proj.weight"].T
+    x, present = _deepseek_block(x, w, cfg["num_hidden_layers"], cfg, past)
+    out = _rms_norm(x, w[p + "shared_head.norm.weight"], eps)
+    return out @ w["lm_head.weight"].T, out, present
+
+
+def deepseek_greedy_probe(directory: Path, prompts: int = 4, new_tokens: int = 48, steps: int = 3
+                          ) -> dict[str, Any]:
+    """Greedy-decode a few prompts with the plain-torch DeepSeek target (one token at a time,
+    its keys and values kept), then score its NextN layer along the target's own continuation:
+    under teacher forcing (position ``p`` reads token ``p + 1`` and the target's hidden state of
+    ``p`` and should name token ``p + 2``: the first draft step), and as SGLang's chain (topk 1,
+    ``steps`` draft steps, a later step reading the draft's own token and output hidden state)
+    after every generated token: its accept length (accepted draft tokens + 1, greedy
+    verification). Reports output variety, the first step's agreement, the mean accept length
+    and how often each length occurred."""
+    import torch
+
+    cfg, w = load_fp32(directory)
+    outputs: list[list[int]] = []
+    agree = total = 0
+    lengths: dict[int, int] = {}
+    with torch.no_grad():
+        for prompt in _probe_prompts(cfg["vocab_size"], prompts):
+            ids, past = list(prompt), {}
+            logits, _ = deepseek_reference(cfg, w, ids, past)
+            for _ in range(new_tokens):
+                ids.append(int(logits[-1].argmax()))
+                logits, _ = deepseek_reference(cfg, w, ids[-1:], past)
+            start = len(prompt)
+            outputs.append(ids[start:])
+            _, hidden = deepseek_reference(cfg, w, ids)
+            draft_logits, draft_out, draft_kv = nextn_reference(cfg, w, ids[1:], hidden[:-1])
+            guess = draft_logits.argmax(-1)  # guess[q]: token q + 2
+            agree += int((guess[start - 2:-1] == torch.tensor(ids[start:])).sum())
+            total += len(ids) - start
+            for p in range(start, len(ids) - steps):  # ids[p]: the last verified token
+                accepted, token, state = 0, int(guess[p - 1]), draft_out[p - 1:p]
+                kv = tuple(t[:p] for t in draft_kv)
+                while token == ids[p + 1 + accepted]:
+                    accepted += 1
+                    if accepted == steps:
+                        break
+                    step_logits, state, kv = nextn_reference(cfg, w, [token], state, kv)
+                    token = int(step_logits[-1].argmax())
+                lengths[accepted + 1] = lengths.get(accepted + 1, 0) + 1
+    n = sum(lengths.values())
+    return {"distinct_per_output": [len(set(o)) for o in outputs], "outputs": outputs,
+            "nextn_agreement": agree / max(total, 1),
+            "mean_accept_length": sum(k * v for k, v in lengths.items()) / max(n, 1),
+            "accept_lengths": dict(sorted(lengths.items()))}
+
+
 def mtp_greedy_probe(target: Path, mtp: Path, prompts: int = 4, new_tokens: int = 48) -> dict[str, Any]:
     """Greedy-decode a few prompts with the plain-torch MiMoV2 target, then score each MTP layer
     under teacher forcing along the target's own continuation: layer ``k`` at position ``p``
@@ -779,18 +1251,23 @@ def mtp_greedy_probe(target: Path, mtp: Path, prompts: int = 4, new_tokens: int 
             "mtp_agreement": [a / max(t, 1) for a, t in zip(agree, total)]}
 
 
-def _greedy(reference: Any, cfg: dict[str, Any], w: dict[str, "torch.Tensor"], prompts: int,  # noqa: F821
-            new_tokens: int) -> list[tuple[list[int], int]]:
-    """Greedy continuations of a plain-torch target (``reference``: ``llama_reference`` or
-    ``mimov2_reference``): (prompt + output ids, prompt length) for ``prompts`` random prompts of
-    8, 25, 42, ... tokens (fixed seed)."""
+def _probe_prompts(vocab: int, prompts: int) -> list[list[int]]:
+    """The greedy probes' prompts: ``prompts`` random prompts of 8, 25, 42, ... tokens (fixed seed)."""
     import torch
 
     gen = torch.Generator().manual_seed(7)
+    return [torch.randint(3, vocab, (8 + 17 * i,), generator=gen).tolist() for i in range(prompts)]
+
+
+def _greedy(reference: Any, cfg: dict[str, Any], w: dict[str, "torch.Tensor"], prompts: int,  # noqa: F821
+            new_tokens: int) -> list[tuple[list[int], int]]:
+    """Greedy continuations of a plain-torch target (``reference``: ``llama_reference`` or
+    ``mimov2_reference``): (prompt + output ids, prompt length) for :func:`_probe_prompts`."""
+    import torch
+
     out = []
     with torch.no_grad():
-        for i in range(prompts):
-            ids = torch.randint(3, cfg["vocab_size"], (8 + 17 * i,), generator=gen).tolist()
+        for ids in _probe_prompts(cfg["vocab_size"], prompts):
             start = len(ids)
             for _ in range(new_tokens):
                 ids.append(int(reference(cfg, w, ids)[0][-1].argmax()))
@@ -871,11 +1348,13 @@ def eagle_tree_probe(target: Path, eagle: Path, *, steps: int = 5, topk: int = 4
 
 def build_tiny_models(out: Path) -> dict[str, Path]:
     """The offline tiny models (:func:`make_models`): ``target`` (with a tokenizer),
-    ``draft`` (STANDALONE), ``eagle3``, ``eagle`` (EAGLE-1), and for multi-layer EAGLE
-    ``mimov2`` (a MiMoV2 target with a tokenizer) and ``mimov2-mtp`` (its MTP draft)."""
+    ``draft`` (STANDALONE), ``eagle3``, ``eagle`` (EAGLE-1), for multi-layer EAGLE ``mimov2`` (a
+    MiMoV2 target with a tokenizer) and ``mimov2-mtp`` (its MTP draft), and for DeepSeek MTP
+    ``deepseek`` (an MLA target with its NextN layer and a tokenizer)."""
     make_models(out)
     return {"target": out / TARGET_DIRNAME, "draft": out / DRAFT_DIRNAME, "eagle3": out / EAGLE3_DIRNAME,
-            "eagle": out / EAGLE_DIRNAME, "mimov2": out / MIMOV2_DIRNAME, "mimov2-mtp": out / MIMOV2_MTP_DIRNAME}
+            "eagle": out / EAGLE_DIRNAME, "mimov2": out / MIMOV2_DIRNAME, "mimov2-mtp": out / MIMOV2_MTP_DIRNAME,
+            "deepseek": out / DEEPSEEK_DIRNAME}
 
 
 def model_config(model_dir: str | Path) -> dict[str, Any]:
