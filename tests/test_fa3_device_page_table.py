@@ -183,7 +183,7 @@ def test_declarations(fa):
     assert make_backend(fa, page_size=16).needs_cpu_seq_lens is False
     topk2 = make_backend(fa, topk=2)
     assert topk2.needs_cpu_seq_lens is True and topk2.reads_verify_tree_mask is True
-    assert make_backend(fa, arch=AttentionArch.MLA).needs_cpu_seq_lens is True
+    # MLA: back-port 18 (tests/test_fa3_mla_device_metadata.py).
     assert make_backend(fa, sliding_window_size=128).needs_cpu_seq_lens is True
     assert make_backend(fa, is_encoder_decoder=True).needs_cpu_seq_lens is True
     multi = object.__new__(fa.FlashAttentionMultiStepBackend)
