@@ -19,6 +19,7 @@ must get SGLang's exact table width (FA3 sizes its split-KV work from it).
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -44,7 +45,7 @@ ROPE_DIM = 16  # qk_rope_head_dim
 PAGE_SIZES = [1, 16, 64]
 
 
-def mla_backend(fa, **kw):
+def mla_backend(fa, **kw: Any) -> Any:
     from sglang.srt.configs.model_config import AttentionArch
 
     b = make_backend(fa, arch=AttentionArch.MLA, **kw)
@@ -138,12 +139,15 @@ class ReferenceFA3:
     work, so a launch is exact only with the same width (or ``num_splits`` 1).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.calls: list[SimpleNamespace] = []
 
-    def __call__(self, q, k_cache, v_cache, qv=None, page_table=None, cache_seqlens=None,
-                 cu_seqlens_q=None, max_seqlen_q=None, softmax_scale=None, causal=False,
-                 num_splits=0, return_softmax_lse=False, **_unused):
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 qv: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
+                 cache_seqlens: torch.Tensor | None = None,
+                 cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+                 softmax_scale: float | None = None, causal: bool = False, num_splits: int = 0,
+                 return_softmax_lse: bool = False, **_unused: Any) -> torch.Tensor:
         assert qv is not None and not return_softmax_lse  # MLA, topk 1: no cascade
         self.calls.append(SimpleNamespace(
             page_table=page_table, cache_seqlens=cache_seqlens, cu_seqlens_q=cu_seqlens_q,
@@ -172,13 +176,13 @@ class ReferenceFA3:
 
 
 @pytest.fixture
-def reference_fa3(fa, monkeypatch):
+def reference_fa3(fa, monkeypatch) -> ReferenceFA3:
     kernel = ReferenceFA3()
     monkeypatch.setattr(fa, "flash_attn_with_kvcache", kernel)
     return kernel
 
 
-def _mla_inputs(b, seed):
+def _mla_inputs(b: Any, seed: int) -> tuple[SimpleNamespace, SimpleNamespace, torch.Tensor]:
     """The MLA KV cache (latent + rope, one head) over every token ``req_to_token`` names, a
     RadixAttention-shaped layer, and a query source."""
     from sglang.srt.layers.radix_attention import AttentionType
@@ -197,7 +201,8 @@ def _mla_inputs(b, seed):
     return layer, pool, q
 
 
-def _forward(b, mode, forward_mode, spec_info, layer, pool, q):
+def _forward(b: Any, mode: str, forward_mode: Any, spec_info: Any, layer: SimpleNamespace,
+             pool: SimpleNamespace, q: torch.Tensor) -> torch.Tensor:
     """One MLA layer through SGLang's forward, as the model calls it (k/v already cached)."""
     metadata = b.forward_metadata
     num_q = int(metadata.cu_seqlens_q[-1])
@@ -209,14 +214,14 @@ def _forward(b, mode, forward_mode, spec_info, layer, pool, q):
     return b.forward_extend(q[:num_q], None, None, layer, batch, save_kv_cache=False)
 
 
-def _same_tensors(a, b):
+def _same_tensors(a: SimpleNamespace, b: SimpleNamespace) -> None:
     """Two launches see the same tensors (storage, shape, strides)."""
     for name in ("page_table", "cache_seqlens", "cu_seqlens_q"):
         x, y = getattr(a, name), getattr(b, name)
         assert (x.data_ptr(), x.shape, x.stride()) == (y.data_ptr(), y.shape, y.stride()), name
 
 
-def _same_scalars(a, b):
+def _same_scalars(a: SimpleNamespace, b: SimpleNamespace) -> None:
     assert (a.max_seqlen_q, a.num_splits, a.causal) == (b.max_seqlen_q, b.num_splits, b.causal)
 
 

@@ -148,7 +148,7 @@ def fill_page_table_from_lens(
 # --------------------------------------------------------------------------- declarations
 
 
-def builds_spec_metadata_on_device(self):
+def builds_spec_metadata_on_device(self) -> bool:
     """Whether this backend's spec-v2 metadata is built from the device lengths: the
     configurations covered, as listed here; any other keeps the host mirror."""
     return (

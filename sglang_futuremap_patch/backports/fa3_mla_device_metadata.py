@@ -65,6 +65,6 @@ BACKPORT = Backport(
     applied_upstream="0.5.16",
     targets=(
         Target(_FA, "FlashAttentionBackend.builds_spec_metadata_on_device", None,
-               expected="3e34e88747f45df9", kind="edit", edits=_COVERAGE_EDITS),
+               expected="afd74c79deadedee", kind="edit", edits=_COVERAGE_EDITS),
     ),
 )
