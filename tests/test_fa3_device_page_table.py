@@ -172,8 +172,6 @@ def test_kernel_with_an_empty_batch_launches_nothing(fa):
 
 
 def test_declarations(fa):
-    from sglang.srt.configs.model_config import AttentionArch
-
     assert make_backend(fa).needs_cpu_seq_lens is False
     assert make_backend(fa).reads_verify_tree_mask is False
     # No draft-extend CUDA graph for FA3 in 0.5.12.x: its eager metadata wants the exact
