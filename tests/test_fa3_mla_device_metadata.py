@@ -45,6 +45,25 @@ ROPE_DIM = 16  # qk_rope_head_dim
 PAGE_SIZES = [1, 16, 64]
 
 
+@pytest.fixture(autouse=True)
+def mla_opted_in(monkeypatch) -> None:
+    """Back-port 18 is opt-in: these tests run with it asked for (``SGLANG_FUTUREMAP_FA3_MLA=1``)."""
+    monkeypatch.setenv("SGLANG_FUTUREMAP_FA3_MLA", "1")
+
+
+def test_mla_keeps_the_mirror_unless_asked(fa, monkeypatch):
+    """Without ``SGLANG_FUTUREMAP_FA3_MLA=1`` MLA stays on the host mirror (back-port 8's
+    behaviour); MHA builds on the device either way."""
+    for setting in (None, "0", "yes"):
+        if setting is None:
+            monkeypatch.delenv("SGLANG_FUTUREMAP_FA3_MLA", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_FUTUREMAP_FA3_MLA", setting)
+        b = mla_backend(fa)
+        assert b.builds_spec_metadata_on_device() is False and b.needs_cpu_seq_lens is True
+        assert make_backend(fa).needs_cpu_seq_lens is False  # MHA
+
+
 def mla_backend(fa, **kw: Any) -> Any:
     from sglang.srt.configs.model_config import AttentionArch
 

@@ -32,16 +32,32 @@ spec-v2 forward (its FA3 dispatch sums ``extend_prefix_lens_cpu`` for a prefill 
 copes with None). So this back-port only takes MLA out of back-port 8's exclusions (one line
 of ``builds_spec_metadata_on_device``); MLA with topk > 1, context parallel, FA4, or every
 forward eager with the split heuristic free (CUDA graph off, ``num_splits`` 0) keeps the mirror
-as before.
+as before. It is opt-in (``SGLANG_FUTUREMAP_FA3_MLA=1``; unset, MLA keeps the mirror) until a
+GPU run has compared a DeepSeek model with MTP token for token against stock: the argument
+above is checked on CPU with SGLang's FA3 backend and a reference kernel, not yet on FA3.
 """
 
 from __future__ import annotations
 
-from sglang_futuremap_patch._engine import Backport, Target, TextEdit
+from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
 
 _FA = "sglang.srt.layers.attention.flashattention_backend"
 
-# Back-port 8's coverage check, with MLA covered.
+#: ``1`` lets FA3 with MLA build its spec-v2 metadata on the device; unset or anything else keeps
+#: MLA on the host mirror, as back-port 8 does. Opt-in until a GPU run has compared a DeepSeek
+#: model with MTP token for token against stock (the e2e ``mla`` group).
+FA3_MLA_ENV = "SGLANG_FUTUREMAP_FA3_MLA"
+
+
+def fa3_mla_device_metadata_wanted() -> bool:
+    """Whether MLA joins back-port 8's device-built configurations (``SGLANG_FUTUREMAP_FA3_MLA=1``)."""
+    import os
+
+    # Installed into SGLang's FA3 module and run with its globals: the name is spelled out.
+    return os.environ.get("SGLANG_FUTUREMAP_FA3_MLA", "").strip() == "1"
+
+
+# Back-port 8's coverage check, with MLA covered when asked for.
 _COVERAGE_EDITS = (
     TextEdit(
         old="""\
@@ -50,7 +66,8 @@ _COVERAGE_EDITS = (
 """,
         new="""\
         and self.topk <= 1
-        # MLA too: FA3 reads its spec-v2 metadata from MHA's buffers, built the same way.
+        # MLA reads its spec-v2 metadata from MHA's buffers, built the same way (opt-in).
+        and (not self.use_mla or fa3_mla_device_metadata_wanted())
 """,
     ),
 )
@@ -64,6 +81,7 @@ BACKPORT = Backport(
             "like MHA",
     applied_upstream="0.5.16",
     targets=(
+        Target(_FA, "fa3_mla_device_metadata_wanted", fa3_mla_device_metadata_wanted, expected=ABSENT),
         Target(_FA, "FlashAttentionBackend.builds_spec_metadata_on_device", None,
                expected="afd74c79deadedee", kind="edit", edits=_COVERAGE_EDITS),
     ),
