@@ -172,8 +172,6 @@ def test_kernel_with_an_empty_batch_launches_nothing(fa):
 
 
 def test_declarations(fa):
-    from sglang.srt.configs.model_config import AttentionArch
-
     assert make_backend(fa).needs_cpu_seq_lens is False
     assert make_backend(fa).reads_verify_tree_mask is False
     # No draft-extend CUDA graph for FA3 in 0.5.12.x: its eager metadata wants the exact
@@ -183,7 +181,7 @@ def test_declarations(fa):
     assert make_backend(fa, page_size=16).needs_cpu_seq_lens is False
     topk2 = make_backend(fa, topk=2)
     assert topk2.needs_cpu_seq_lens is True and topk2.reads_verify_tree_mask is True
-    assert make_backend(fa, arch=AttentionArch.MLA).needs_cpu_seq_lens is True
+    # MLA: back-port 18 (tests/test_fa3_mla_device_metadata.py).
     assert make_backend(fa, sliding_window_size=128).needs_cpu_seq_lens is True
     assert make_backend(fa, is_encoder_decoder=True).needs_cpu_seq_lens is True
     multi = object.__new__(fa.FlashAttentionMultiStepBackend)

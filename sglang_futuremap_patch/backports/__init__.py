@@ -26,6 +26,7 @@ SERIES: tuple[str, ...] = (
     "chain_fast_path",
     "prefill_result_first",
     "war_barrier",
+    "fa3_mla_device_metadata",
 )
 
 

@@ -38,8 +38,9 @@ CUDA graph disabled and ``num_splits`` 0 every forward is eager, and FA3 keeps t
 of topk 1 never reads the tree mask, so ``reads_verify_tree_mask`` is False and the draft
 builds the mask's small layout (back-port 4 declares both hooks for every backend, with
 SGLang's behaviour as the default, and reads them). Outside what is covered
-here (topk > 1, MLA, sliding-window or local attention, encoder-decoder, context parallel,
-FA4) FA3 keeps ``needs_cpu_seq_lens = True`` and runs exactly as before.
+here (``builds_spec_metadata_on_device``: topk > 1, MLA (back-port 18 adds it), sliding-window
+or local attention, encoder-decoder, context parallel, FA4) FA3 keeps
+``needs_cpu_seq_lens = True`` and runs exactly as before.
 
 The two entry points, ``init_forward_metadata`` and ``init_forward_metadata_replay_cuda_graph``,
 are SGLang's methods with a check inserted at the top (a text edit, the same in the plugin and
@@ -147,10 +148,10 @@ def fill_page_table_from_lens(
 # --------------------------------------------------------------------------- declarations
 
 
-@property
-def needs_cpu_seq_lens(self):
-    """Whether this FA3 backend needs the spec-v2 ``seq_lens`` host mirror."""
-    device_built = (
+def builds_spec_metadata_on_device(self) -> bool:
+    """Whether this backend's spec-v2 metadata is built from the device lengths: the
+    configurations covered, as listed here; any other keeps the host mirror."""
+    return (
         self.fa_impl_ver == 3
         and self.topk <= 1
         and not self.use_mla
@@ -160,7 +161,12 @@ def needs_cpu_seq_lens(self):
         and not self.is_encoder_decoder
         and self.attn_cp_size == 1
     )
-    if not device_built:
+
+
+@property
+def needs_cpu_seq_lens(self):
+    """Whether this FA3 backend needs the spec-v2 ``seq_lens`` host mirror."""
+    if not self.builds_spec_metadata_on_device():
         return True
     # Eager forwards need the exact host maximum unless num_splits is pinned to 1; without
     # CUDA graph every forward is eager.
@@ -346,6 +352,8 @@ BACKPORT = Backport(
         Target(_FA, "_page_table_from_lens_kernel", _page_table_from_lens_kernel,
                expected=ABSENT),
         Target(_FA, "fill_page_table_from_lens", fill_page_table_from_lens, expected=ABSENT),
+        Target(_FA, "FlashAttentionBackend.builds_spec_metadata_on_device",
+               builds_spec_metadata_on_device, expected=ABSENT),
         Target(_FA, "FlashAttentionBackend.needs_cpu_seq_lens", needs_cpu_seq_lens,
                expected=ABSENT),
         Target(_FA, "FlashAttentionBackend.draft_extend_needs_cpu_seq_lens",
