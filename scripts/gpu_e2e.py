@@ -340,7 +340,8 @@ def mla_cases() -> list[Case]:
     piecewise CUDA graph switch: FA3 MLA on Hopper; no draft path: the target's own NextN layer),
     CUDA graph on and off with the matrix scenarios (batches of 1 / 7 / 48, churn, stop tokens,
     logprobs), the EOS / stop-token churn and the radix cache; every run counts its host syncs
-    per decode iteration."""
+    per decode iteration. ``mla-bp18-*``: the same with back-port 18 asked for
+    (``SGLANG_FUTUREMAP_FA3_MLA=1``: FA3 with MLA without the mirror)."""
     mla = {"sync_probe": True}
     cases = [Case(f"mla-default-{'graph' if graph else 'nograph'}", "NEXTN", "default", graph, True, "matrix", **mla)
              for graph in (True, False)]
@@ -349,6 +350,11 @@ def mla_cases() -> list[Case]:
     # leaves in is timing-dependent; every difference must be a near-tie (``eos-ties``).
     cases.append(Case("mla-eos-default", "NEXTN", "default", True, True, "eos-ties", batch_variant=True, **mla))
     cases.append(Case("mla-radix-default", "NEXTN", "default", True, True, "radix", **mla))
+    # Back-port 18 asked for (opt-in): FA3 with MLA without the host mirror, against stock.
+    fa3_mla = (("SGLANG_FUTUREMAP_FA3_MLA", "1"),)
+    cases.append(Case("mla-bp18-default-graph", "NEXTN", "default", True, True, "matrix", env=fa3_mla, **mla))
+    cases.append(Case("mla-bp18-eos-default", "NEXTN", "default", True, True, "eos-ties", env=fa3_mla,
+                      batch_variant=True, **mla))
     return cases
 
 
