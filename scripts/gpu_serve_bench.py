@@ -304,7 +304,10 @@ def format_sched_table(summary: dict[str, Any], cols: Sequence[tuple[str, str]] 
     medians over boots, ms; empty when no run has it. ``cols=API_COLS``: the parts outside the
     scheduler (empty when no run has the API server's events)."""
     stock, patched = summary["variants"].get("stock", {}), summary["variants"].get("patched", {})
-    probed = [k for k, _ in cols if k.startswith("sched_")]
+    # A row needs a value of its own table: API_COLS repeats the client's TTFT and the
+    # scheduler's total, which records without the API server's events have too.
+    own = {k for k, _ in SCHED_COLS} if cols is SCHED_COLS else {k for k, _ in cols} - {k for k, _ in SCHED_COLS}
+    probed = [k for k, _ in cols if k.startswith("sched_") and k in own]
     rows = []
     for c in sorted(set(stock) & set(patched)):
         if not any((stock[c].get(k) or patched[c].get(k)) for k in probed):
