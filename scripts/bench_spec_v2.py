@@ -3,7 +3,8 @@
 upstream SGLang 0.5.13 as a third column.
 
 STANDALONE speculative decoding, greedy, ``ignore_eos``, dummy weights (``load_format="dummy"``,
-config.json only). The speculative shape is ``--spec STEPS,TOPK,DRAFT_TOKENS`` (default
+config.json only); the ``deepseek`` model instead runs DeepSeek MTP (``NEXTN``) with the model
+factory's seeded weights. The speculative shape is ``--spec STEPS,TOPK,DRAFT_TOKENS`` (default
 ``3,1,4``: a chain, 3 steps, topk 1, 4 draft tokens, on spec v2 (the overlap scheduler) on every
 side, as in every earlier record). Several shapes: repeat ``--spec`` or separate them with ``;``
 (``--spec 3,4,16 --spec 3,1,4`` or ``--spec '3,4,16;3,1,4'``); each is a case of its own. An
@@ -29,7 +30,14 @@ Cases are (model, backend, spec; and prompt length):
 
 * models:   ``tiny`` -- 4-layer Llama, hidden 512, vocab 4096; draft = target (accept 4.0);
             ``8b``   -- 8B-shaped Llama target (hidden 4096, inter 14336, 32 layers, 32/8
-                        heads, vocab 32000) + a 1-layer draft of the same width.
+                        heads, vocab 32000) + a 1-layer draft of the same width;
+            ``deepseek`` -- the tiny DeepSeek-V3 (MLA, hidden 256, 4 layers, the last MoE,
+                        vocab 4096) of ``model_factory.make_deepseek_models``, seeded weights,
+                        launched as DeepSeek users do (``engine_config.NEXTN_ALGORITHM``, no
+                        draft path: SGLang drafts with the checkpoint's own NextN layer; the
+                        draft accepts part of each chain). With ``--backend default`` SGLang
+                        picks FA3 (MLA) with piecewise CUDA graph on Hopper, as in the e2e
+                        ``mla`` group.
 * backends: ``triton-nopcg`` -- triton attention, ``disable_piecewise_cuda_graph=True``;
             ``triton-pcg``   -- triton attention, piecewise CUDA graph on (SGLang's default
                                 in 0.5.12.post1: ``disable_piecewise_cuda_graph=False``);
@@ -51,10 +59,12 @@ Cases are (model, backend, spec; and prompt length):
 For every case the variants run alternately, each Engine in its own subprocess (its own
 process group and its own ports), so no plugin state leaks: stock, patched, stock, patched,
 ... (``--reps``). ``stock`` = ``SGLANG_FUTUREMAP_PATCH=off``, ``patched`` = ``strict``;
-``--variants stock,patched,upstream`` adds ``upstream``: stock SGLang of a second bundle (0.5.13,
-which ships the publish/stash design), its site folder (``--upstream-site``, default
-``$SGLANG_UPSTREAM_SITE`` or ``/tmp/site312-0.5.13``) in place of the current SGLang on
-``PYTHONPATH``; where that folder holds no SGLang the variant is skipped with a line. Ratios
+``patched-fa3-mla`` = ``strict`` with ``SGLANG_FUTUREMAP_FA3_MLA=1`` (back-port 18's opt-in:
+FA3 with MLA without the host mirror; meant for ``deepseek``; every other variant runs with that
+variable removed); ``--variants stock,patched,upstream`` adds ``upstream``: stock SGLang of a
+second bundle (0.5.13, which ships the publish/stash design), its site folder
+(``--upstream-site``, default ``$SGLANG_UPSTREAM_SITE`` or ``/tmp/site312-0.5.13``) in place of
+the current SGLang on ``PYTHONPATH``; where that folder holds no SGLang the variant is skipped with a line. Ratios
 are each variant's against stock. Inside one Engine:
 a warm-up per batch size, then for each batch size ``bs`` and each of ``--trials`` trials:
 
@@ -169,8 +179,15 @@ BACKENDS: dict[str, tuple[str | None, bool | None]] = {
 #: FA3 rows (a shorter torch.compile at start-up; decode never runs piecewise graphs). The
 #: Triton/FlashInfer PCG rows keep SGLang's default, as in the earlier records.
 PCG_MAX_TOKENS = {"default": 512, "fa3-pcg": 512}
-MODELS = ("tiny", "8b")
-MEM_FRACTION = {"tiny": 0.3, "8b": 0.55}
+MODELS = ("tiny", "8b", "deepseek")
+MEM_FRACTION = {"tiny": 0.3, "8b": 0.55, "deepseek": 0.3}
+#: The speculative algorithm of each model's Engines: ``deepseek`` runs DeepSeek MTP as the e2e
+#: ``mla`` group does (no draft path: the target's own NextN layer).
+ALGORITHMS = {"tiny": SPEC["speculative_algorithm"], "8b": SPEC["speculative_algorithm"],
+              "deepseek": engine_config.NEXTN_ALGORITHM}
+#: Seeded weights, in one line for the summary (models of ``model_factory.SEEDED_BENCH_MODELS``).
+SEEDED_NOTE = ("seeded weights (deepseek): the NextN layer drafts as a real MTP head does, accepting part of "
+               "each chain, so its accept length is below the maximum and its tok/s no upper bound")
 # First guess of one Engine run's wall time (start + work + shutdown), seconds, before any
 # run of the model with (or without) piecewise CUDA graph has been seen; used only by the
 # --deadline-s logic.
@@ -179,14 +196,16 @@ FIRST_GUESS_S = {
     ("tiny", True): 180.0,
     ("8b", False): 120.0,
     ("8b", True): 240.0,
+    ("deepseek", False): 75.0,
+    ("deepseek", True): 180.0,
 }
 #: The same with piecewise CUDA graph capped at 512 tokens or fewer (``PCG_MAX_TOKENS``, the
 #: FA3 rows): a shorter torch.compile (seen on the H100: 8b 73-200 s, the first of a machine
-#: the longest).
-FIRST_GUESS_SMALL_PCG_S = {"tiny": 120.0, "8b": 180.0}
+#: the longest; deepseek not yet timed: a guess between tiny's and 8b's).
+FIRST_GUESS_SMALL_PCG_S = {"tiny": 120.0, "8b": 180.0, "deepseek": 150.0}
 #: Added to a chain's guess for a tree (its verify covers 8 or 16 tokens per request, and stock
 #: runs it on spec v1, without the overlap scheduler).
-TREE_EXTRA_S = {"tiny": 15.0, "8b": 40.0}
+TREE_EXTRA_S = {"tiny": 15.0, "8b": 40.0, "deepseek": 15.0}
 
 
 def first_guess_s(model: str, backend: str, pcg_max_tokens: int | None = None) -> float:
@@ -299,19 +318,23 @@ def context_needed(prompt_len: int, *new_tokens: int) -> int:
     return size
 
 
-def engine_kwargs(model: str, backend: str, target: str, draft: str, batch_sizes: Sequence[int], *,
+def engine_kwargs(model: str, backend: str, target: str, draft: str | None, batch_sizes: Sequence[int], *,
                   mem_fraction: float | None = None, pcg_max_tokens: int | None = None,
                   seed: int = 0, log_level: str = "info", spec: Sequence[int] = DEFAULT_SPEC) -> dict[str, Any]:
-    """``sglang.Engine`` kwargs of one case; ``spec``: (steps, topk, draft tokens)."""
+    """``sglang.Engine`` kwargs of one case; ``spec``: (steps, topk, draft tokens). ``draft`` is
+    not passed for a NEXTN model (SGLang takes the target's NextN layer); a model with seeded
+    weights loads them (no ``load_format``), the others dummy weights."""
     attn, pcg = BACKENDS[backend]
     bss = sorted(set(int(b) for b in batch_sizes))
     if pcg_max_tokens is None:
         pcg_max_tokens = PCG_MAX_TOKENS.get(backend)
+    algorithm = ALGORITHMS[model]
+    weights = {} if model in model_factory.SEEDED_BENCH_MODELS else {"load_format": "dummy"}
     kw = engine_config.spec_engine_kwargs(
-        target, draft, algorithm=SPEC["speculative_algorithm"], backend=attn, cuda_graph=True, pcg=pcg,
-        mem_fraction=mem_fraction if mem_fraction is not None else MEM_FRACTION[model], seed=seed,
-        cuda_graph_max_bs=max(bss), pcg_max_tokens=pcg_max_tokens if backend_pcg(backend) else None,
-        log_level=log_level, load_format="dummy", cuda_graph_bs=bss)
+        target, None if algorithm == engine_config.NEXTN_ALGORITHM else draft, algorithm=algorithm, backend=attn,
+        cuda_graph=True, pcg=pcg, mem_fraction=mem_fraction if mem_fraction is not None else MEM_FRACTION[model],
+        seed=seed, cuda_graph_max_bs=max(bss), pcg_max_tokens=pcg_max_tokens if backend_pcg(backend) else None,
+        log_level=log_level, **weights, cuda_graph_bs=bss)
     kw.update(spec_kwargs(spec))
     return kw
 
@@ -1342,7 +1365,9 @@ def run_engine(*, case: dict[str, Any], variant: child_env.Variant, pass_: str, 
     if pass_ == "host":
         env["SMOKE_HOST_PROFILE"] = "1"
     env.update(tree_env(case))
-    print(f"== {tag}: {child_env.ENV_MODE}={variant.mode}" + (f", SGLang of {variant.site}" if variant.site else "")
+    env = child_env.with_variant_env(env, variant)
+    print(f"== {tag}: {child_env.ENV_MODE}={variant.mode}" + variant_switches(variant)
+          + (f", SGLang of {variant.site}" if variant.site else "")
           + f" (timeout {timeout:.0f} s, ports {block.base}+) log {log_path}", flush=True)
     rc, wall, result, text = launch.run_worker(Path(__file__).resolve(), spec, work, tag, log_path, env, timeout,
                                            spec_path=rdir / "spec.json", result_path=rdir / "result.json")
@@ -1422,7 +1447,7 @@ def variant_cell(row: dict[str, Any], variant: str, path: str | None) -> str:
 
 def format_summary(doc: dict[str, Any]) -> str:
     lines = [child_env.fa3_line(bool(doc.get("fa3")))] if "fa3" in doc else []
-    lines.append(DUMMY_NOTE)
+    lines += weights_notes(c["model"] for c in doc["cases"])
     for case in doc["cases"]:
         s = case.get("summary") or summarize_case(case)
         variants = s.get("variants") or ["stock", "patched"]
@@ -1474,6 +1499,19 @@ def format_summary(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def weights_notes(models: Iterable[str]) -> list[str]:
+    """The summary's lines on weights: ``DUMMY_NOTE`` where a model has dummy weights (or no case
+    says), ``SEEDED_NOTE`` where one has the factory's seeded weights."""
+    models = set(models)
+    seeded = models & set(model_factory.SEEDED_BENCH_MODELS)
+    return ([DUMMY_NOTE] if models - seeded or not models else []) + ([SEEDED_NOTE] if seeded else [])
+
+
+def variant_switches(variant: child_env.Variant) -> str:
+    """``, SGLANG_FUTUREMAP_FA3_MLA=1``: the switches a variant sets, for the log lines."""
+    return "".join(f", {k}={v}" for k, v in variant.env)
+
+
 def _fmt(v: Any, nd: int) -> str:
     return "-" if v is None else f"{v:.{nd}f}"
 
@@ -1523,7 +1561,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="piecewise_cuda_graph_max_tokens for backends with piecewise CUDA graph (default: "
                         f"{PCG_MAX_TOKENS}, SGLang's for the others); smaller starts faster")
     p.add_argument("--variants", default="stock,patched",
-                   help="comma-separated from stock, patched, upstream (default stock,patched); upstream = stock "
+                   help="comma-separated from stock, patched, patched-fa3-mla, upstream (default stock,patched); "
+                        "patched-fa3-mla = patched with SGLANG_FUTUREMAP_FA3_MLA=1 (back-port 18); upstream = stock "
                         "SGLang of a second bundle (e.g. 0.5.13), whose site folder replaces the current SGLang's "
                         "on PYTHONPATH; skipped with a line when that folder holds no SGLang")
     p.add_argument("--upstream-site", default=None,
@@ -1581,9 +1620,12 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_new_tokens": args.warmup_new_tokens, "probe": args.probe, "probe_trials": args.probe_trials,
         "profile": args.profile, "profile_batch_sizes": prof_bss, "profile_new_tokens": args.profile_new_tokens,
         "profile_trim": [args.profile_trim_head, args.profile_trim_tail],
-        "spec": dict(SPEC, **spec_kwargs(specs[0])), "specs": [list(x) for x in specs],
+        "spec": dict(SPEC, speculative_algorithm=ALGORITHMS[models[0]], **spec_kwargs(specs[0])),
+        "specs": [list(x) for x in specs], "algorithms": {m: ALGORITHMS[m] for m in models},
         "host_profile": args.host_profile, "host_trials": args.host_trials, "pin_cpus": args.pin_cpus,
-        "variants": {v.name: v.mode for v in variants}, "upstream_site": next((v.site for v in variants if v.site), None),
+        "variants": {v.name: v.mode for v in variants},
+        "variant_env": {v.name: dict(v.env) for v in variants if v.env},
+        "upstream_site": next((v.site for v in variants if v.site), None),
         "pcg_max_tokens": args.pcg_max_tokens, "mem_fraction": args.mem_fraction,
     }
     max_positions = context_needed(args.prompt_len, args.max_new_tokens, args.warmup_new_tokens,
@@ -1602,7 +1644,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"context {max_positions}: " + json.dumps(kw))
                     for pass_, rep, group in plan:
                         print(f"   {pass_} rep {rep}: " + ", ".join(
-                            f"{v.name} ({child_env.ENV_MODE}={v.mode}"
+                            f"{v.name} ({child_env.ENV_MODE}={v.mode}" + variant_switches(v)
                             + (f", SGLang of {v.site}" if v.site else "") + ")"
                             for v in group))
         return 0

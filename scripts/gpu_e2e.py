@@ -343,17 +343,18 @@ def mla_cases() -> list[Case]:
     per decode iteration. ``mla-bp18-*``: the same with back-port 18 asked for
     (``SGLANG_FUTUREMAP_FA3_MLA=1``: FA3 with MLA without the mirror)."""
     mla = {"sync_probe": True}
-    cases = [Case(f"mla-default-{'graph' if graph else 'nograph'}", "NEXTN", "default", graph, True, "matrix", **mla)
+    nextn = engine_config.NEXTN_ALGORITHM
+    cases = [Case(f"mla-default-{'graph' if graph else 'nograph'}", nextn, "default", graph, True, "matrix", **mla)
              for graph in (True, False)]
     # The EOS churn as mtp-eos-default: SGLang's default (FA3 + piecewise CUDA graph, no
     # deterministic inference) is not batch-invariant, and which iteration a finished request
     # leaves in is timing-dependent; every difference must be a near-tie (``eos-ties``).
-    cases.append(Case("mla-eos-default", "NEXTN", "default", True, True, "eos-ties", batch_variant=True, **mla))
-    cases.append(Case("mla-radix-default", "NEXTN", "default", True, True, "radix", **mla))
+    cases.append(Case("mla-eos-default", nextn, "default", True, True, "eos-ties", batch_variant=True, **mla))
+    cases.append(Case("mla-radix-default", nextn, "default", True, True, "radix", **mla))
     # Back-port 18 asked for (opt-in): FA3 with MLA without the host mirror, against stock.
-    fa3_mla = (("SGLANG_FUTUREMAP_FA3_MLA", "1"),)
-    cases.append(Case("mla-bp18-default-graph", "NEXTN", "default", True, True, "matrix", env=fa3_mla, **mla))
-    cases.append(Case("mla-bp18-eos-default", "NEXTN", "default", True, True, "eos-ties", env=fa3_mla,
+    fa3_mla = ((child_env.FA3_MLA_ENV, "1"),)
+    cases.append(Case("mla-bp18-default-graph", nextn, "default", True, True, "matrix", env=fa3_mla, **mla))
+    cases.append(Case("mla-bp18-eos-default", nextn, "default", True, True, "eos-ties", env=fa3_mla,
                       batch_variant=True, **mla))
     return cases
 
@@ -525,7 +526,7 @@ def select_cases(patterns: Sequence[str] | None, shard: str | None = None, repea
 #: path; DeepSeek MTP reads the NextN layer from the target's own checkpoint).
 MODEL_DIRS: dict[str, tuple[str, str | None]] = {
     "EAGLE3": ("target", "eagle3"), "STANDALONE": ("target", "draft"), "EAGLE": ("mimov2", "mimov2-mtp"),
-    "NEXTN": ("deepseek", None)}
+    engine_config.NEXTN_ALGORITHM: (model_factory.DEEPSEEK_DIRNAME, None)}
 #: Drafts that get part of a tree accepted (the EAGLE3 draft gets ~1 token a step).
 PARTIAL_ACCEPT_DRAFTS = frozenset({"draft", "eagle"})
 
@@ -977,16 +978,8 @@ def run_scenarios(spec: dict[str, Any], result: dict[str, Any], run_one: Any) ->
 def server_argv(kwargs: dict[str, Any], port: int) -> list[str]:
     """``sglang.launch_server`` flags for Engine keyword arguments (``True``: a bare flag); the
     server listens on ``port`` (the first port of its block, below SGLang's gRPC offset limit)."""
-    argv: list[str] = []
-    for key, value in kwargs.items():
-        if key in ("host", "port") or value is None:  # None: not given, SGLang chooses
-            continue
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            argv += [flag] if value else []
-        else:
-            argv += [flag, str(value)]
-    return argv + ["--host", "127.0.0.1", "--port", str(port)]
+    flags = engine_config.server_flags({k: v for k, v in kwargs.items() if k not in ("host", "port")})
+    return flags + ["--host", "127.0.0.1", "--port", str(port)]
 
 
 def _http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = 300) -> Any:

@@ -4,7 +4,10 @@
 Stock (``SGLANG_FUTUREMAP_PATCH=off``) and patched (``strict``) servers are started exactly as a
 user starts them (``python -m sglang.launch_server``; ``--backend default`` names no attention
 backend: FA3 + piecewise CUDA graph on Hopper), on an 8B-shaped dummy-weight Llama target with a
-1-layer STANDALONE draft (3 steps, topk 1, 4 draft tokens) and a word-level tokenizer. Each boot
+1-layer STANDALONE draft (3 steps, topk 1, 4 draft tokens) and a word-level tokenizer, or with
+``--model deepseek`` on the model factory's tiny DeepSeek-V3 (MLA, seeded weights, its own
+tokenizer) launched as DeepSeek users do: ``--speculative-algorithm NEXTN`` and no draft path
+(SGLang drafts with the checkpoint's NextN layer; FA3 MLA on Hopper), the same 3 / 1 / 4. Each boot
 is a fresh server; boots alternate their order (stock first, then patched first, ...). Against
 each server SGLang's ``bench_serving`` command line runs once per ``--max-concurrency`` (offline
 dataset ``random-ids`` or ``generated-shared-prefix``, ``ignore_eos``), all of them in one client
@@ -16,6 +19,7 @@ summary is the median over boots with the spread, and patched / stock.
 
     python3 scripts/gpu_serve_bench.py --out OUT --boots 3 --concurrency 1,4,8,13,16,32,45,48
     python3 scripts/gpu_serve_bench.py --out OUT --backend triton --boots 1 --concurrency 1,8
+    python3 scripts/gpu_serve_bench.py --out OUT --model deepseek --variants stock,patched-fa3-mla --boots 1
     python3 scripts/gpu_serve_bench.py --merge a.json b.json > results/serve-bench/README.md
 
 ``--merge`` joins the records of several calls (one boot pair each fits a 10-minute device
@@ -36,12 +40,12 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gpu_harness import child_env, launch, model_factory, records  # noqa: E402
+from gpu_harness import child_env, engine_config, launch, model_factory, records  # noqa: E402
 
 #: ``gpu_probe/sched_timeline.py``'s pure helpers (the probe itself loads in the server).
 sched_timeline = child_env.probe_module("sched_timeline")
@@ -51,11 +55,21 @@ BACKENDS = {"default": (), "triton": ("--attention-backend", "triton"),
 #: site folder (0.5.13, the release with publish/stash: ``--upstream-site``), the plugin off; the
 #: bench client stays on the current SGLang. ``patched-prefill-first``: the plugin with back-port
 #: 16's opt-in reordering on (a small or finished prefill's result processed before the next
-#: launch), to measure it beside ``patched``.
+#: launch), to measure it beside ``patched``. ``patched-fa3-mla``: the plugin with back-port 18's
+#: opt-in (FA3 with MLA without the host mirror), for ``--model deepseek``.
 MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}),
          "patched-prefill-first": ("strict", {"SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"}),
          # back-port 17's barrier off: what it costs
-         "patched-no-war": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER": "0"})}
+         "patched-no-war": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER": "0"}),
+         "patched-fa3-mla": ("strict", {child_env.FA3_MLA_ENV: "1"})}
+#: What the summary says of each variant besides stock, patched and upstream (its own table).
+MODE_NOTES = {
+    "patched-prefill-first": "the plugin with back-port 16's opt-in on: a small or finished prefill's result "
+                             "processed before the next launch",
+    "patched-no-war": "the plugin with back-port 17's WAR barrier off",
+    "patched-fa3-mla": "the plugin with back-port 18's opt-in on: FA3 with MLA builds its spec-v2 metadata on the "
+                       "device, without the host mirror",
+}
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")
 #: Bootstrap resamples for the pooled TTFT ratios' interval (seeded: the record is reproducible).
@@ -66,10 +80,26 @@ BOOTSTRAP_N = 1000
 SPECS = {"chain": (3, 1, 4), "tree": (5, 4, 8)}
 
 
-def spec_args(spec: str = "chain") -> tuple[str, ...]:
-    steps, topk, tokens = SPECS[spec]
-    return ("--speculative-algorithm", "STANDALONE", "--speculative-num-steps", str(steps),
-            "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(tokens))
+class ServeModel(NamedTuple):
+    """A ``--model`` choice: how the record describes it, its speculative algorithm, and whether
+    it loads dummy weights (config.json only) or the factory's seeded ones."""
+
+    description: str
+    algorithm: str
+    dummy: bool
+
+
+MODELS = {
+    "8b": ServeModel("8B-shaped Llama, dummy weights; 1-layer STANDALONE draft", "STANDALONE", True),
+    "deepseek": ServeModel("tiny DeepSeek-V3 (MLA, MoE), seeded weights; its own NextN layer as draft (NEXTN, "
+                           "no draft path)", engine_config.NEXTN_ALGORITHM, False),
+}
+
+
+def spec_args(spec: str = "chain", algorithm: str = "STANDALONE", draft: str | None = None) -> list[str]:
+    """The speculative launch flags (the e2e harness's own, ``engine_config.spec_launch``): the
+    draft path where there is one, the algorithm, and the shape ``SPECS[spec]``."""
+    return engine_config.server_flags(engine_config.spec_launch(algorithm, draft, SPECS[spec]))
 
 
 #: Launch flags every server gets (recorded with the results): with SGLang's default memory
@@ -101,10 +131,14 @@ def num_prompts(concurrency: int, rounds: int, floor: int) -> int:
     return max(concurrency * rounds, floor)
 
 
-def server_argv(model: str, draft: str, backend: str, port: int, extra: Sequence[str] = (),
-                spec: str = "chain") -> list[str]:
-    return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--load-format", "dummy",
-            "--speculative-draft-model-path", draft, *spec_args(spec), *BACKENDS[backend],
+def server_argv(model: str, draft: str | None, backend: str, port: int, extra: Sequence[str] = (),
+                spec: str = "chain", served: str = "8b") -> list[str]:
+    """The ``launch_server`` command line of one server: ``model`` (the target's directory) as
+    ``--model`` ``served`` runs it; ``draft`` None names no draft path (DeepSeek MTP)."""
+    kind = MODELS[served]
+    weights = ["--load-format", "dummy"] if kind.dummy else []
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, *weights,
+            *spec_args(spec, kind.algorithm, draft), *BACKENDS[backend],
             "--host", "127.0.0.1", "--port", str(port), "--enable-metrics", "--random-seed", "0",
             *DEFAULT_SERVER_ARGS, *extra]
 
@@ -384,12 +418,15 @@ def stop_group(proc: subprocess.Popen) -> None:
             pass
 
 
-def make_models(root: Path) -> tuple[str, str]:
-    """The 8B-shaped target and its 1-layer draft (config.json + a word-level tokenizer)."""
-    target, draft = model_factory.write_model_dirs("8b", root)
-    vocab = model_factory.model_config(target)["vocab_size"]
-    for d in (target, draft):
-        model_factory.write_tokenizer(Path(d), vocab)
+def make_models(root: Path, model: str = "8b") -> tuple[str, str | None]:
+    """The target and its draft directory: for ``8b`` the 8B-shaped target and its 1-layer draft
+    (config.json + a word-level tokenizer each); for ``deepseek`` the factory's DeepSeek target,
+    which brings its weights and tokenizer, and no draft directory (None)."""
+    target, draft = model_factory.write_model_dirs(model, root)
+    if draft is not None:
+        vocab = model_factory.model_config(target)["vocab_size"]
+        for d in (target, draft):
+            model_factory.write_tokenizer(Path(d), vocab)
     return target, draft
 
 
@@ -426,19 +463,28 @@ class BenchClient:
         self._log.close()
 
 
-def run_server(variant: str, boot: int, target: str, draft: str, args: argparse.Namespace, deadline: float,
-               port: int) -> dict[str, Any]:
+def variant_env(variant: str, base: dict[str, str]) -> dict[str, str]:
+    """A variant's environment (server and bench client) from ``base``: the plugin's mode, the
+    variant's own switches, and no other variant's switch (a ``patched`` server runs the plugin
+    as it ships, whatever the caller's shell holds)."""
+    mode, extra_env = MODES[variant]
+    switches = {k for _, e in MODES.values() for k in e}
+    env = {k: v for k, v in base.items() if k not in switches}
+    env.update(SGLANG_FUTUREMAP_PATCH=mode, SGLANG_ENABLE_METRICS_DEVICE_TIMER="1", PYTHONUNBUFFERED="1", **extra_env)
+    # bench_serving imports ``datasets`` at module level; the GPU box has none (offline datasets only).
+    env["PYTHONPATH"] = os.pathsep.join([str(child_env.DATASETS_STAND_IN), env.get("PYTHONPATH", "")])
+    return env
+
+
+def run_server(variant: str, boot: int, target: str, draft: str | None, args: argparse.Namespace,
+               deadline: float, port: int) -> dict[str, Any]:
     tag = f"{variant}-boot{boot}"
     log_path = args.out / "logs" / f"{tag}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    mode, extra_env = MODES[variant]
-    env = dict(os.environ, SGLANG_FUTUREMAP_PATCH=mode, SGLANG_ENABLE_METRICS_DEVICE_TIMER="1",
-               PYTHONUNBUFFERED="1", **extra_env)
-    # bench_serving imports ``datasets`` at module level; the GPU box has none (offline datasets only).
-    env["PYTHONPATH"] = os.pathsep.join([str(child_env.DATASETS_STAND_IN), env.get("PYTHONPATH", "")])
+    env = variant_env(variant, dict(os.environ))
     server_base = upstream_env(env, args.upstream_site) if variant == "upstream" else env
     timeline_dir = args.out / "timeline" / tag if args.timeline else None
-    argv = server_argv(target, draft, args.backend, port, args.server_arg, args.spec)
+    argv = server_argv(target, draft, args.backend, port, args.server_arg, args.spec, args.model)
     run: dict[str, Any] = {"variant": variant, "boot": boot, "cells": {}, "error": None}
     if variant == "upstream":
         run["sglang"] = child_env.site_sglang_version(args.upstream_site)
@@ -536,8 +582,8 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "gpu": child_env.gpu_name(), "sglang": version,
             "command": "python3 scripts/gpu_serve_bench.py " + " ".join(
                 a if not str(a).startswith(str(args.out)) else "OUT" for a in sys.argv[1:]),
-            "config": {"model": "8B-shaped Llama, dummy weights; 1-layer STANDALONE draft, "
-                                + "/".join(map(str, SPECS[args.spec])), "spec": args.spec,
+            "config": {"model": f"{MODELS[args.model].description}, " + "/".join(map(str, SPECS[args.spec])),
+                       "model_name": args.model, "spec": args.spec,
                        "backend": args.backend, "server_args": [*DEFAULT_SERVER_ARGS, *args.server_arg], "dataset": args.dataset,
                        "input_len": args.input_len, "output_len": args.output_len, "rounds": args.rounds,
                        "min_prompts": args.min_prompts, "concurrency": args.concurrency, "boots": args.boots,
@@ -548,6 +594,9 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
     """The Markdown summary of these records (median over all their boots); with ``plot``, also
     an SVG of the patched / stock ratios there."""
     docs = [json.loads(p.read_text()) for p in paths]
+    models = sorted({record_model(d) for d in docs})
+    if len(models) > 1:
+        raise ValueError(f"these records ran different models ({', '.join(models)}): merge each model's apart")
     runs = [r for d in docs for r in d["runs"] if not r.get("error") or r["cells"]]
     summary = summarize(runs)
     env = docs[0]["environment"]
@@ -555,6 +604,7 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
     lines = [f"Serving benchmark, {env['date']}, {env['gpu']}, SGLang {env['sglang']}, backend "
              f"{env['config']['backend']} {' '.join(env['config']['server_args'])}".rstrip()
              + f", dataset {env['config'].get('dataset', 'random-ids')}"
+             + (f", model {env['config']['model_name']}" if "model_name" in env["config"] else "")
              + (f", {env['config']['model'].split('; ')[-1]}" if "model" in env["config"] else ""),
              "",
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
@@ -564,10 +614,9 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
         ups = sorted({r.get("sglang") for r in runs if r["variant"] == "upstream"} - {None})
         lines += ["", f"Stock -> upstream (stock SGLang {', '.join(ups) or '?'}, its own site, no plugin; "
                   "x: how much better upstream is):", "", format_table(summary, "upstream")]
-    if summary.get("ratio_patched-prefill-first"):
-        lines += ["", "Stock -> patched-prefill-first (the plugin with back-port 16's opt-in on: a small or "
-                  "finished prefill's result processed before the next launch):", "",
-                  format_table(summary, "patched-prefill-first")]
+    for other, note in MODE_NOTES.items():
+        if summary.get(f"ratio_{other}"):
+            lines += ["", f"Stock -> {other} ({note}):", "", format_table(summary, other)]
     for other in [v for v in MODES if v != "stock"]:
         pooled = format_pooled_table(pooled_ttft(runs, other), other)
         if pooled:
@@ -586,16 +635,25 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def record_model(doc: dict[str, Any]) -> str:
+    """The ``--model`` a record ran (records from before ``--model``: ``8b``)."""
+    return doc["environment"]["config"].get("model_name", "8b")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--out", type=Path, help="folder for serve-bench.json, serve-bench.md, logs/ and bench/")
     p.add_argument("--backend", choices=sorted(BACKENDS), default="default")
+    p.add_argument("--model", choices=sorted(MODELS), default="8b",
+                   help="8b: 8B-shaped Llama, dummy weights, 1-layer STANDALONE draft (default); deepseek: the tiny "
+                        "DeepSeek-V3 (MLA) with seeded weights, --speculative-algorithm NEXTN and no draft path")
     p.add_argument("--spec", choices=sorted(SPECS), default="chain",
                    help="draft shape: chain 3/1/4 (default) or tree 5/4/8 (steps/topk/draft tokens; "
                         "stock runs the tree on spec v1, the plugin on spec v2)")
     p.add_argument("--variants", default="stock,patched",
-                   help="comma-separated from stock, patched, upstream (stock SGLang of --upstream-site)")
+                   help="comma-separated from " + ", ".join(MODES) + " (upstream: stock SGLang of --upstream-site; "
+                        "patched-fa3-mla: the plugin with SGLANG_FUTUREMAP_FA3_MLA=1, for --model deepseek)")
     p.add_argument("--upstream-site", default=child_env.upstream_site(None),
                    help="site folder of the upstream variant (default: where .gpu-0513/activate.sh unpacks)")
     p.add_argument("--boots", type=int, default=3, help="fresh servers per variant")
@@ -624,7 +682,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing:
             print(f"error: no such record: {', '.join(missing)}", file=sys.stderr)
             return 2
-        sys.stdout.write(merge(args.merge, args.plot))
+        try:
+            sys.stdout.write(merge(args.merge, args.plot))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.out is None:
         p.error("--out is required (or --merge)")
@@ -634,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown variant(s) {unknown}; choose from {sorted(MODES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
-    target, draft = make_models(args.out / "models")
+    target, draft = make_models(args.out / "models", args.model)
     doc = {"environment": environment(args), "runs": []}
     record = args.out / "serve-bench.json"
     for boot in range(args.first_boot, args.first_boot + args.boots):

@@ -1011,3 +1011,97 @@ def test_flashinfer_trees_are_measured_on_spec_v2_as_asked_for():
     assert bench.tree_env({**tree, "backend": "fa3-pcg"}) == {}
     assert bench.tree_env({**tree, "spec": [3, 1, 4]}) == {}
     assert bench.tree_env({"model": "8b", "backend": "flashinfer"}) == {}
+
+
+# ----------------------------------------------------------------------------- DeepSeek MTP (MLA)
+
+
+def test_deepseek_model_runs_deepseek_mtp_on_its_seeded_checkpoint(sglang_loaded, tmp_path, monkeypatch):
+    """``--model deepseek``: the factory's DeepSeek-V3 checkpoint (seeded weights, context as the
+    case needs), launched as the e2e ``mla`` cases are (NEXTN, no draft path, no backend named);
+    SGLang turns it into EAGLE on the target's own NextN layer, FA3 + PCG on Hopper."""
+    import gpu_e2e as e2e
+    import sglang.srt.server_args as sa_mod
+    from sglang_cpu_support import server_args
+
+    target, draft = model_factory.write_model_dirs("deepseek", tmp_path / "a", 8192)
+    assert draft is None and model_factory.model_config(target)["max_position_embeddings"] == 8192
+    again = model_factory.make_deepseek_models(tmp_path / "b")  # the context leaves the weights alone
+    assert Path(target, "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()
+    assert Path(target, "tokenizer.json").exists()
+    kw = bench.engine_kwargs("deepseek", "default", target, "<ignored>", [48, 1, 4, 16])
+    mla = e2e.engine_kwargs(next(c for c in e2e.mla_cases() if c.name == "mla-default-graph"), Path(target).parent)
+    launch_keys = ("model_path", "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+                   "speculative_eagle_topk", "speculative_num_draft_tokens", "attention_backend",
+                   "disable_piecewise_cuda_graph", "load_format")
+    assert {k: kw.get(k) for k in launch_keys} == {k: mla.get(k) for k in launch_keys}
+    assert kw["speculative_algorithm"] == "NEXTN" and "speculative_draft_model_path" not in kw
+    assert "load_format" not in kw and kw["mem_fraction_static"] == bench.MEM_FRACTION["deepseek"]
+    assert kw["piecewise_cuda_graph_max_tokens"] == 512 and kw["cuda_graph_bs"] == [1, 4, 16, 48]
+    five = bench.engine_kwargs("deepseek", "default", target, None, [1], spec=(5, 1, 6))
+    assert [five[k] for k in bench.SPEC_KEYS] == [5, 1, 6]
+    assert bench.engine_kwargs("tiny", "default", target, target, [1])["load_format"] == "dummy"
+    monkeypatch.setattr(sa_mod, "is_hopper_with_cuda_12_3", lambda: True)
+    sa = server_args(kw, device="cuda")
+    assert sa.speculative_algorithm == "EAGLE" and sa.speculative_draft_model_path == target
+    assert (sa.attention_backend, sa.disable_piecewise_cuda_graph, sa.load_format) == ("fa3", False, "auto")
+    assert sa.use_mla_backend() and not sa.disable_overlap_schedule
+    # a chunk of three Engines (stock, patched, patched-fa3-mla) fits the ~490 s deadline on the first guess
+    assert bench.first_guess_s("deepseek", "default") == 150.0 and 3 * 150.0 < 490
+    assert bench.first_guess_s("deepseek", "triton-nopcg") == 75.0
+
+
+def test_dry_run_of_the_deepseek_rows_with_the_fa3_mla_variant(capsys):
+    assert bench.main(["--dry-run", "--model", "deepseek", "--backend", "default", "--reps", "1", "--no-probe",
+                       "--variants", "stock,patched,patched-fa3-mla"]) == 0
+    head, *passes = capsys.readouterr().out.splitlines()
+    assert head.startswith("deepseek/default: spec 3/1/4")
+    kw = json.loads(head.split("context 4096: ", 1)[1])
+    assert kw["speculative_algorithm"] == "NEXTN" and "speculative_draft_model_path" not in kw
+    assert "load_format" not in kw and "attention_backend" not in kw
+    assert passes == ["   timed rep 0: stock (SGLANG_FUTUREMAP_PATCH=off), patched (SGLANG_FUTUREMAP_PATCH=strict), "
+                      "patched-fa3-mla (SGLANG_FUTUREMAP_PATCH=strict, SGLANG_FUTUREMAP_FA3_MLA=1)"]
+
+
+def test_deepseek_chunk_builds_its_model_and_only_the_fa3_mla_variant_gets_the_switch(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
+        model = Path(spec["engine_kwargs"]["model_path"])
+        seen.append((name, env.get(child_env.FA3_MLA_ENV), env[child_env.ENV_MODE],
+                     (model / "model.safetensors").exists(), spec["engine_kwargs"]))
+        log_path.write_text("no Engine here\n")
+        return 1, 1.0, None, log_path.read_text()
+
+    monkeypatch.setattr(launch, "run_worker", fake_worker)
+    monkeypatch.setenv(child_env.FA3_ENV, "1")
+    monkeypatch.setenv(child_env.FA3_MLA_ENV, "1")  # in the caller's shell: stock and patched must run without it
+    out = tmp_path / "bench.json"
+    bench.main(["--model", "deepseek", "--backend", "default", "--variants", "stock,patched,patched-fa3-mla",
+                "--reps", "1", "--no-probe", "--batch-sizes", "1", "--gpu-release-s", "0", "--out", str(out)])
+    assert [(n.rsplit("-r", 1)[0], switch, mode, built) for n, switch, mode, built, _ in seen] == [
+        ("deepseek-default-timed-stock", None, "off", True), ("deepseek-default-timed-patched", None, "strict", True),
+        ("deepseek-default-timed-patched-fa3-mla", "1", "strict", True)]
+    assert all(kw["speculative_algorithm"] == "NEXTN" and "speculative_draft_model_path" not in kw
+               and "load_format" not in kw for *_, kw in seen)
+    doc = json.loads(out.read_text())
+    assert doc["config"]["algorithms"] == {"deepseek": "NEXTN"}
+    assert doc["config"]["spec"]["speculative_algorithm"] == "NEXTN"
+    assert doc["config"]["variant_env"] == {"patched-fa3-mla": {child_env.FA3_MLA_ENV: "1"}}
+    text = capsys.readouterr().out
+    assert bench.SEEDED_NOTE in text and bench.DUMMY_NOTE not in text
+    assert "SGLANG_FUTUREMAP_PATCH=strict, SGLANG_FUTUREMAP_FA3_MLA=1" in text  # the log line of that Engine
+
+
+def test_the_fa3_mla_variant_has_its_column_and_each_model_its_weights_note():
+    runs = [_run("stock", 0, {1: [100]}), _run("patched", 0, {1: [110]}), _run("patched-fa3-mla", 0, {1: [125]})]
+    case = dict(_case(model="deepseek", backend="default", runs=runs), spec=[3, 1, 4])
+    s = bench.summarize_case(case)
+    assert s["variants"] == ["stock", "patched", "patched-fa3-mla"]
+    assert s["by_bs"]["1"]["ratios"] == {"patched": pytest.approx(1.1), "patched-fa3-mla": pytest.approx(1.25)}
+    case["summary"] = s
+    text = bench.format_summary(_doc([case]))
+    assert ", patched-fa3-mla 125.0 tok/s (accept 4.00, spec path ?; x1.250)" in text
+    assert bench.weights_notes(["tiny", "8b"]) == [bench.DUMMY_NOTE] and bench.weights_notes([]) == [bench.DUMMY_NOTE]
+    assert bench.weights_notes(["deepseek"]) == [bench.SEEDED_NOTE]
+    assert bench.weights_notes(["deepseek", "tiny"]) == [bench.DUMMY_NOTE, bench.SEEDED_NOTE]

@@ -94,6 +94,21 @@ def test_subprocess_env(tmp_path: Path) -> None:
         child_env.make_variants(["nightly"])
 
 
+def test_the_fa3_mla_variant_is_the_plugin_with_back_port_18_asked_for() -> None:
+    from sglang_futuremap_patch.backports import fa3_mla_device_metadata
+
+    assert child_env.FA3_MLA_ENV == fa3_mla_device_metadata.FA3_MLA_ENV
+    patched, fa3_mla = child_env.make_variants(["patched", "patched-fa3-mla"])
+    assert (fa3_mla.name, fa3_mla.mode, fa3_mla.plugin_expected) == ("patched-fa3-mla", "strict", "applied")
+    assert fa3_mla.env == ((child_env.FA3_MLA_ENV, "1"),) and patched.env == ()
+    assert "patched-fa3-mla" in child_env.VARIANT_NAMES
+    # the caller's shell may hold the switch: only the variant that asks for it gets it
+    shell = {child_env.FA3_MLA_ENV: "1", "KEEP": "x"}
+    assert child_env.with_variant_env(shell, patched) == {"KEEP": "x"}
+    assert child_env.with_variant_env(shell, child_env.STOCK) == {"KEEP": "x"}
+    assert child_env.with_variant_env({"KEEP": "x"}, fa3_mla) == {"KEEP": "x", child_env.FA3_MLA_ENV: "1"}
+
+
 # ----------------------------------------------------------------------------- launch, errors
 
 
@@ -168,6 +183,18 @@ def test_spec_engine_kwargs_and_effective_config() -> None:
     nextn = engine_config.spec_engine_kwargs("t", None, algorithm="NEXTN", backend="default", pcg=None,
                                              mem_fraction=0.1)
     assert "speculative_draft_model_path" not in nextn and nextn["speculative_algorithm"] == "NEXTN"
+    assert engine_config.NEXTN_ALGORITHM == "NEXTN"
+
+
+def test_spec_launch_and_server_flags() -> None:
+    assert engine_config.spec_launch() == {"speculative_algorithm": "STANDALONE", **engine_config.SPEC_STEPS}
+    assert engine_config.spec_launch("EAGLE3", "d", (5, 4, 8)) == {
+        "speculative_draft_model_path": "d", "speculative_algorithm": "EAGLE3", "speculative_num_steps": 5,
+        "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8}
+    flags = engine_config.server_flags({"model_path": "m", **engine_config.spec_launch(engine_config.NEXTN_ALGORITHM),
+                                        "enable_metrics": True, "disable_cuda_graph": False, "page_size": None})
+    assert flags == ["--model-path", "m", "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+                     "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--enable-metrics"]
 
     class Engine:
         def get_server_info(self):

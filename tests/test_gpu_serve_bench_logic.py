@@ -119,7 +119,7 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
     from sglang_futuremap_patch.backports import prefill_result_first
 
     assert prefill_result_first.PREFILL_RESULT_FIRST_ENV in env
-    assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war"}
+    assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war", "patched-fa3-mla"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -206,7 +206,7 @@ def test_upstream_runs_its_own_sglang_and_gets_its_own_table(tmp_path: Path) -> 
     assert "upstream" not in sb.merge([doc])
     # An upstream site without SGLang: the run says so instead of starting a server.
     args = argparse.Namespace(out=tmp_path / "out", timeline=False, upstream_site=str(tmp_path / "none"),
-                              backend="triton", server_arg=[], concurrency=[1], spec="chain")
+                              backend="triton", server_arg=[], concurrency=[1], spec="chain", model="8b")
     run = sb.run_server("upstream", 0, "t", "d", args, deadline=0.0, port=1)
     assert run["error"].startswith("upstream site") and not run["cells"]
 
@@ -527,3 +527,133 @@ def test_no_war_variant_is_the_plugin_with_back_port_17_off() -> None:
 
     mode, env = sb.MODES["patched-no-war"]
     assert mode == "strict" and env == {war_barrier.WAR_BARRIER_ENV: "0"}
+
+
+# ----------------------------------------------------------------------------- DeepSeek MTP (MLA)
+
+
+def test_deepseek_server_is_launched_as_the_e2e_mla_cases_and_sglang_takes_it(sglang_loaded, tmp_path: Path,
+                                                                               monkeypatch) -> None:
+    """``--model deepseek``: the factory's DeepSeek checkpoint with its own tokenizer and seeded
+    weights, ``NEXTN`` and no draft path, no backend named: the e2e ``mla`` cases' launch, which
+    SGLang turns into EAGLE with the target's NextN layer, FA3 + PCG on Hopper."""
+    import dataclasses
+
+    import gpu_e2e as e2e
+    import sglang.srt.server_args as sa_mod
+    from sglang.srt.server_args import ServerArgs
+    from sglang_cpu_support import server_args
+
+    target, draft = sb.make_models(tmp_path / "models", "deepseek")
+    assert draft is None and Path(target).name == "deepseek"
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {f.name for f in Path(target).iterdir()}
+    argv = sb.server_argv(target, draft, "default", 31200, served="deepseek")
+    assert "--speculative-draft-model-path" not in argv and "--load-format" not in argv
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(argv[3:])
+    mla = next(c for c in e2e.mla_cases() if c.name == "mla-default-graph")
+    e2e_ns = parser.parse_args(e2e.server_argv(e2e.engine_kwargs(mla, Path(target).parent), 1))
+    keys = ("model_path", "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+            "speculative_eagle_topk", "speculative_num_draft_tokens", "attention_backend",
+            "disable_piecewise_cuda_graph", "load_format")
+    assert {k: getattr(ns, k) for k in keys} == {k: getattr(e2e_ns, k) for k in keys}
+    assert (ns.speculative_algorithm, ns.speculative_draft_model_path, ns.load_format) == ("NEXTN", None, "auto")
+    monkeypatch.setattr(sa_mod, "is_hopper_with_cuda_12_3", lambda: True)
+    fields = {f.name for f in dataclasses.fields(ServerArgs)} - {"device"}
+    sa = server_args({k: v for k, v in vars(ns).items() if k in fields}, device="cuda")
+    assert sa.speculative_algorithm == "EAGLE" and sa.speculative_draft_model_path == target
+    assert (sa.attention_backend, sa.disable_piecewise_cuda_graph) == ("fa3", False) and sa.use_mla_backend()
+    # the 8B rows keep their launch
+    eight = parser.parse_args(sb.server_argv("/m/t", "/m/d", "default", 1)[3:])
+    assert (eight.load_format, eight.speculative_algorithm, eight.speculative_draft_model_path) == (
+        "dummy", "STANDALONE", "/m/d")
+
+
+def test_fa3_mla_variant_is_the_plugin_with_back_port_18_asked_for_and_only_it_gets_the_switch() -> None:
+    from sglang_futuremap_patch.backports import fa3_mla_device_metadata
+
+    assert sb.MODES["patched-fa3-mla"] == ("strict", {fa3_mla_device_metadata.FA3_MLA_ENV: "1"})
+    shell = {"SGLANG_FUTUREMAP_FA3_MLA": "1", "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1", "PYTHONPATH": "/x"}
+    patched = sb.variant_env("patched", shell)
+    assert "SGLANG_FUTUREMAP_FA3_MLA" not in patched and "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST" not in patched
+    assert patched["SGLANG_FUTUREMAP_PATCH"] == "strict"
+    assert patched["PYTHONPATH"].split(os.pathsep) == [str(child_env.DATASETS_STAND_IN), "/x"]
+    fa3_mla = sb.variant_env("patched-fa3-mla", shell)
+    assert fa3_mla["SGLANG_FUTUREMAP_FA3_MLA"] == "1" and "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST" not in fa3_mla
+    assert sb.variant_env("stock", shell)["SGLANG_FUTUREMAP_PATCH"] == "off"
+
+
+def test_run_server_starts_the_model_it_is_told_with_its_variants_environment(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    launched = []
+
+    class Exited:
+        """A process that has already exited (no server, no client)."""
+
+        def __init__(self, argv, env=None, **kw):
+            launched.append((list(argv), dict(env or {})))
+            self.pid, self.returncode = -1, 1
+
+        def poll(self) -> int:
+            return 1
+
+        def wait(self, timeout=None) -> int:
+            return 1
+
+    monkeypatch.setattr(sb.subprocess, "Popen", Exited)
+    monkeypatch.setattr(sb, "stop_group", lambda proc: None)
+    monkeypatch.setenv("SGLANG_FUTUREMAP_FA3_MLA", "1")  # the caller's shell holds it
+    args = argparse.Namespace(out=tmp_path, timeline=False, upstream_site="none", backend="default", server_arg=[],
+                              concurrency=[1], spec="chain", model="deepseek")
+    for variant in ("patched", "patched-fa3-mla"):
+        run = sb.run_server(variant, 0, "/m/deepseek", None, args, deadline=time.monotonic() + 5, port=1)
+        assert run["error"] == "server exited with 1 before it was ready"
+    (server_p, env_p), _client, (server_m, env_m), _client2 = launched
+    for argv in (server_p, server_m):
+        assert argv[argv.index("--speculative-algorithm") + 1] == "NEXTN" and "--load-format" not in argv
+        assert "--speculative-draft-model-path" not in argv and argv[argv.index("--model-path") + 1] == "/m/deepseek"
+    assert "SGLANG_FUTUREMAP_FA3_MLA" not in env_p and env_m["SGLANG_FUTUREMAP_FA3_MLA"] == "1"
+
+
+def _model_record(path: Path, runs: list, model_name: str | None) -> Path:
+    config = {"backend": "default", "server_args": [], "model": "x; its own NextN layer as draft, 3/1/4"}
+    if model_name:
+        config["model_name"] = model_name
+    path.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": config},
+                                "runs": runs}))
+    return path
+
+
+def test_deepseek_record_names_its_model_and_gets_the_fa3_mla_table(tmp_path: Path, capsys) -> None:
+    runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 95, 9, 1100), _run("patched-fa3-mla", 0, 90, 8, 1250)]
+    doc = _model_record(tmp_path / "ds.json", runs, "deepseek")
+    text = sb.merge([doc])
+    assert text.splitlines()[0].endswith(", model deepseek, its own NextN layer as draft, 3/1/4")
+    assert "Stock -> patched-fa3-mla (the plugin with back-port 18's opt-in on" in text
+    table = text.split("Stock -> patched-fa3-mla")[1]
+    assert "| 32 | 100.0 -> 90.0 (x1.111) | 200.0 -> 180.0 (x1.111) | 10.0 -> 8.0 (x1.250) |" in table
+    # records of two models never make one table (an older record ran the 8B model)
+    old = _model_record(tmp_path / "old.json", runs[:2], None)
+    assert sb.main(["--merge", str(doc), str(old)]) == 2
+    assert "different models (8b, deepseek)" in capsys.readouterr().err
+
+
+def test_main_builds_and_records_the_model_it_is_told(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+
+    def fake_run_server(variant, boot, target, draft, args, deadline, port):
+        calls.append((variant, target, draft, args.model))
+        return _run(variant, boot, 100, 10 if variant == "stock" else 8, 1000)
+
+    monkeypatch.setattr(sb, "run_server", fake_run_server)
+    out = tmp_path / "out"
+    assert sb.main(["--out", str(out), "--model", "deepseek", "--variants", "stock,patched-fa3-mla", "--boots", "1",
+                    "--concurrency", "32"]) == 0
+    target = str(out / "models" / "deepseek")
+    assert calls == [("stock", target, None, "deepseek"), ("patched-fa3-mla", target, None, "deepseek")]
+    config = json.loads((out / "serve-bench.json").read_text())["environment"]["config"]
+    assert config["model_name"] == "deepseek" and config["model"].startswith("tiny DeepSeek-V3 (MLA")
+    md = (out / "serve-bench.md").read_text()
+    assert ", model deepseek, " in md and "Stock -> patched-fa3-mla" in md

@@ -1,6 +1,7 @@
 """What a harness's child process (an Engine worker, a server, a kit test process) runs with.
 
 * **Variants**: ``stock`` (``SGLANG_FUTUREMAP_PATCH=off``), ``patched`` (``strict``),
+  ``patched-fa3-mla`` (``strict`` with back-port 18's opt-in, ``SGLANG_FUTUREMAP_FA3_MLA=1``),
   ``upstream`` (stock SGLang of a second bundle, e.g. 0.5.13, whose site folder replaces the
   current SGLang's on ``PYTHONPATH``; the plugin is not installed there) and ``tree`` (a copy
   of the current ``sglang`` package with ``patches/`` applied, first on ``PYTHONPATH``; the
@@ -61,12 +62,14 @@ DEFAULT_UPSTREAM_SITE = "/tmp/site312-0.5.13"
 class Variant:
     """One side of a comparison: an ``SGLANG_FUTUREMAP_PATCH`` value and, for ``upstream``,
     the site folder whose SGLang the Engine runs instead of the current one; for ``tree``,
-    the folder (``overlay``) put first on ``PYTHONPATH`` in front of everything else."""
+    the folder (``overlay``) put first on ``PYTHONPATH`` in front of everything else; ``env``:
+    the plugin's opt-in switches this side sets (:func:`with_variant_env`)."""
 
     name: str
     mode: str
     site: str | None = None
     overlay: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def plugin_expected(self) -> str:
@@ -77,9 +80,15 @@ class Variant:
         return "disabled" if self.mode == "off" else "applied"
 
 
+#: Back-port 18's opt-in (``sglang_futuremap_patch.backports.fa3_mla_device_metadata``): FA3 with
+#: MLA (DeepSeek MTP) builds its spec-v2 metadata on the device instead of keeping the host mirror.
+FA3_MLA_ENV = "SGLANG_FUTUREMAP_FA3_MLA"
+#: Opt-in switches that a variant sets; every other variant runs without them.
+VARIANT_SWITCHES = (FA3_MLA_ENV,)
+
 STOCK = Variant("stock", "off")
 PATCHED = Variant("patched", "strict")
-VARIANT_NAMES = ("stock", "patched", "upstream", "tree")
+VARIANT_NAMES = ("stock", "patched", "upstream", "tree", "patched-fa3-mla")
 #: Where the ``tree`` variant's site is, when make_variants is not told.
 TREE_SITE_ENV = "SGLANG_TREE_SITE"
 
@@ -96,6 +105,8 @@ def make_variants(names: Iterable[str], *, patched_mode: str = "strict",
             out.append(STOCK)
         elif name == "patched":
             out.append(Variant("patched", patched_mode))
+        elif name == "patched-fa3-mla":
+            out.append(Variant(name, patched_mode, env=((FA3_MLA_ENV, "1"),)))
         elif name == "upstream":
             out.append(Variant("upstream", "off", upstream_site(upstream)))
         elif name == "tree":
@@ -105,6 +116,14 @@ def make_variants(names: Iterable[str], *, patched_mode: str = "strict",
             out.append(Variant("tree", "off", overlay=site))
         else:
             raise ValueError(f"unknown variant {name!r}; choose from {list(VARIANT_NAMES)}")
+    return out
+
+
+def with_variant_env(env: dict[str, str], variant: Variant) -> dict[str, str]:
+    """``env`` with the variant's switches set and the other ``VARIANT_SWITCHES`` removed: a
+    ``patched`` side runs the plugin as it ships, whatever the caller's shell holds."""
+    out = {k: v for k, v in env.items() if k not in VARIANT_SWITCHES}
+    out.update(variant.env)
     return out
 
 

@@ -3,11 +3,37 @@ harness runs, and what an Engine actually resolved (``get_server_info``, else it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from gpu_harness import logs
 
 SPEC_STEPS = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
+#: DeepSeek MTP as its users launch it (the e2e ``mla`` group, the benchmarks' ``deepseek`` model):
+#: this algorithm and no draft path, so SGLang gives the draft the target's own directory and
+#: loads the NextN layer from it; no attention backend and no piecewise-CUDA-graph switch.
+NEXTN_ALGORITHM = "NEXTN"
+
+
+def spec_launch(algorithm: str = "STANDALONE", draft: str | None = None,
+                spec: Sequence[int] | None = None) -> dict[str, Any]:
+    """The speculative part of a launch, as Engine kwargs: the draft path (None: none given, as
+    for DeepSeek MTP), the algorithm and steps / topk / draft tokens (default ``SPEC_STEPS``)."""
+    kw: dict[str, Any] = {} if draft is None else {"speculative_draft_model_path": draft}
+    kw["speculative_algorithm"] = algorithm
+    kw.update(SPEC_STEPS if spec is None else dict(zip(SPEC_STEPS, (int(x) for x in spec))))
+    return kw
+
+
+def server_flags(kwargs: dict[str, Any]) -> list[str]:
+    """``sglang.launch_server`` flags for Engine kwargs, in their order: ``True`` a bare flag,
+    ``False`` and None left out (SGLang's default)."""
+    argv: list[str] = []
+    for key, value in kwargs.items():
+        if value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
 
 
 def spec_engine_kwargs(target: str, draft: str | None, *, algorithm: str = "STANDALONE",
@@ -18,10 +44,7 @@ def spec_engine_kwargs(target: str, draft: str | None, *, algorithm: str = "STAN
     tokens, skip the tokenizer). ``backend`` ``default`` (or None) passes no attention backend
     and ``pcg`` None leaves piecewise CUDA graph alone: SGLang's own choices. ``draft`` None
     names no draft model: DeepSeek MTP, where SGLang loads the target's own NextN layer."""
-    kw: dict[str, Any] = {"model_path": target}
-    if draft is not None:
-        kw["speculative_draft_model_path"] = draft
-    kw.update({"speculative_algorithm": algorithm, **SPEC_STEPS})
+    kw: dict[str, Any] = {"model_path": target, **spec_launch(algorithm, draft)}
     if backend not in (None, "default"):
         kw["attention_backend"] = backend
     kw.update({"sampling_backend": "pytorch", "grammar_backend": "none", "skip_tokenizer_init": True})

@@ -114,7 +114,8 @@ speculative_num_draft_tokens=4, ...)`` with no draft path, no attention backend 
 CUDA graph switch (SGLang picks FA3 for MLA on Hopper; 3 / 1 / 4 is its own choice for DeepSeek).
 
 Command line: ``scripts/make_tiny_models.py --out DIR [--check]``; the harnesses call
-:func:`build_tiny_models`, the benchmarks :func:`write_model_dirs` (config-only models).
+:func:`build_tiny_models`, the benchmarks :func:`write_model_dirs` (config-only models, and the
+DeepSeek one with its seeded weights).
 """
 
 from __future__ import annotations
@@ -1382,8 +1383,18 @@ def model_configs(model: str, max_positions: int = 4096) -> tuple[dict[str, Any]
     raise ValueError(f"unknown model {model!r}")
 
 
-def write_model_dirs(model: str, root: Path, max_positions: int = 4096) -> tuple[str, str]:
-    """config.json-only model directories (dummy weights); returns (target, draft) paths."""
+#: The benchmarks' models with this factory's seeded weights (the others: config.json only, dummy
+#: weights): the DeepSeek-V3 target whose checkpoint holds its NextN layer.
+SEEDED_BENCH_MODELS = ("deepseek",)
+
+
+def write_model_dirs(model: str, root: Path, max_positions: int = 4096) -> tuple[str, str | None]:
+    """The benchmarks' model directories under ``root``; returns (target, draft) paths.
+    ``tiny`` and ``8b`` (:func:`model_configs`): config.json only, for dummy weights; ``deepseek``:
+    :func:`make_deepseek_models` (seeded weights, NextN layer, tokenizer) with ``max_positions``
+    as its context, and no draft directory (None): SGLang reads the NextN layer from the target's."""
+    if model == "deepseek":
+        return str(make_deepseek_models(root, max_position_embeddings=max_positions)), None
     tcfg, dcfg = model_configs(model, max_positions)
     tdir = root / model / "target"
     tdir.mkdir(parents=True, exist_ok=True)
