@@ -59,8 +59,8 @@ Cases are (model, backend, spec; and prompt length):
 For every case the variants run alternately, each Engine in its own subprocess (its own
 process group and its own ports), so no plugin state leaks: stock, patched, stock, patched,
 ... (``--reps``). ``stock`` = ``SGLANG_FUTUREMAP_PATCH=off``, ``patched`` = ``strict``;
-``patched-fa3-mla`` = ``strict`` with ``SGLANG_FUTUREMAP_FA3_MLA=1`` (back-port 18's opt-in:
-FA3 with MLA without the host mirror; meant for ``deepseek``; every other variant runs with that
+``patched-mla-mirror`` = ``strict`` with ``SGLANG_FUTUREMAP_FA3_MLA=0`` (back-port 18 off: FA3
+with MLA keeps the host mirror, as back-port 8 alone; meant for ``deepseek``; every other variant runs with that
 variable removed); ``--variants stock,patched,upstream`` adds ``upstream``: stock SGLang of a
 second bundle (0.5.13, which ships the publish/stash design), its site folder
 (``--upstream-site``, default ``$SGLANG_UPSTREAM_SITE`` or ``/tmp/site312-0.5.13``) in place of
@@ -1508,7 +1508,7 @@ def weights_notes(models: Iterable[str]) -> list[str]:
 
 
 def variant_switches(variant: child_env.Variant) -> str:
-    """``, SGLANG_FUTUREMAP_FA3_MLA=1``: the switches a variant sets, for the log lines."""
+    """``, SGLANG_FUTUREMAP_FA3_MLA=0``: the switches a variant sets, for the log lines."""
     return "".join(f", {k}={v}" for k, v in variant.env)
 
 
@@ -1561,8 +1561,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="piecewise_cuda_graph_max_tokens for backends with piecewise CUDA graph (default: "
                         f"{PCG_MAX_TOKENS}, SGLang's for the others); smaller starts faster")
     p.add_argument("--variants", default="stock,patched",
-                   help="comma-separated from stock, patched, patched-fa3-mla, upstream (default stock,patched); "
-                        "patched-fa3-mla = patched with SGLANG_FUTUREMAP_FA3_MLA=1 (back-port 18); upstream = stock "
+                   help="comma-separated from stock, patched, patched-mla-mirror, upstream (default stock,patched); "
+                        "patched-mla-mirror = patched with SGLANG_FUTUREMAP_FA3_MLA=0 (back-port 18 off); upstream = stock "
                         "SGLang of a second bundle (e.g. 0.5.13), whose site folder replaces the current SGLang's "
                         "on PYTHONPATH; skipped with a line when that folder holds no SGLang")
     p.add_argument("--upstream-site", default=None,

@@ -69,7 +69,8 @@ Cases (``--list`` prints them; ``--cases`` takes names or fnmatch patterns):
   backend and no piecewise CUDA graph switch (FA3 MLA on Hopper, piecewise CUDA graph as SGLang
   decides): ``mla-default-{graph,nograph}`` (the matrix scenarios: batches, churn, stop tokens,
   logprobs; CUDA graph on and off), ``mla-eos-default`` (the ``eos`` churn, batch-variant as
-  ``mtp-eos-default``: judged at near-ties) and ``mla-radix-default`` (the ``radix`` profile).
+  ``mtp-eos-default``: judged at near-ties), ``mla-radix-default`` (the ``radix`` profile) and
+  ``mla-mirror-{default-graph,eos-default}`` (back-port 18 off: MLA on the host mirror).
   The host-sync probe runs in both runs of each (``Case.sync_probe``): host syncs per decode
   iteration, on ``seq_lens`` and in all, stock and patched, go to the report and the record. All
   need FA3.
@@ -340,8 +341,8 @@ def mla_cases() -> list[Case]:
     piecewise CUDA graph switch: FA3 MLA on Hopper; no draft path: the target's own NextN layer),
     CUDA graph on and off with the matrix scenarios (batches of 1 / 7 / 48, churn, stop tokens,
     logprobs), the EOS / stop-token churn and the radix cache; every run counts its host syncs
-    per decode iteration. ``mla-bp18-*``: the same with back-port 18 asked for
-    (``SGLANG_FUTUREMAP_FA3_MLA=1``: FA3 with MLA without the mirror)."""
+    per decode iteration. ``mla-mirror-*``: the batches and the EOS churn with back-port 18 off
+    (``SGLANG_FUTUREMAP_FA3_MLA=0``: FA3 with MLA on the host mirror, back-port 8's path)."""
     mla = {"sync_probe": True}
     nextn = engine_config.NEXTN_ALGORITHM
     cases = [Case(f"mla-default-{'graph' if graph else 'nograph'}", nextn, "default", graph, True, "matrix", **mla)
@@ -351,10 +352,10 @@ def mla_cases() -> list[Case]:
     # leaves in is timing-dependent; every difference must be a near-tie (``eos-ties``).
     cases.append(Case("mla-eos-default", nextn, "default", True, True, "eos-ties", batch_variant=True, **mla))
     cases.append(Case("mla-radix-default", nextn, "default", True, True, "radix", **mla))
-    # Back-port 18 asked for (opt-in): FA3 with MLA without the host mirror, against stock.
-    fa3_mla = ((child_env.FA3_MLA_ENV, "1"),)
-    cases.append(Case("mla-bp18-default-graph", nextn, "default", True, True, "matrix", env=fa3_mla, **mla))
-    cases.append(Case("mla-bp18-eos-default", nextn, "default", True, True, "eos-ties", env=fa3_mla,
+    # Back-port 18 turned off: FA3 with MLA on the host mirror (the way back), against stock.
+    mirror = ((child_env.FA3_MLA_ENV, "0"),)
+    cases.append(Case("mla-mirror-default-graph", nextn, "default", True, True, "matrix", env=mirror, **mla))
+    cases.append(Case("mla-mirror-eos-default", nextn, "default", True, True, "eos-ties", env=mirror,
                       batch_variant=True, **mla))
     return cases
 

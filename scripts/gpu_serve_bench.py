@@ -19,7 +19,7 @@ summary is the median over boots with the spread, and patched / stock.
 
     python3 scripts/gpu_serve_bench.py --out OUT --boots 3 --concurrency 1,4,8,13,16,32,45,48
     python3 scripts/gpu_serve_bench.py --out OUT --backend triton --boots 1 --concurrency 1,8
-    python3 scripts/gpu_serve_bench.py --out OUT --model deepseek --variants stock,patched-fa3-mla --boots 1
+    python3 scripts/gpu_serve_bench.py --out OUT --model deepseek --variants stock,patched-mla-mirror --boots 1
     python3 scripts/gpu_serve_bench.py --merge a.json b.json > results/serve-bench/README.md
 
 ``--merge`` joins the records of several calls (one boot pair each fits a 10-minute device
@@ -55,20 +55,20 @@ BACKENDS = {"default": (), "triton": ("--attention-backend", "triton"),
 #: site folder (0.5.13, the release with publish/stash: ``--upstream-site``), the plugin off; the
 #: bench client stays on the current SGLang. ``patched-prefill-first``: the plugin with back-port
 #: 16's opt-in reordering on (a small or finished prefill's result processed before the next
-#: launch), to measure it beside ``patched``. ``patched-fa3-mla``: the plugin with back-port 18's
-#: opt-in (FA3 with MLA without the host mirror), for ``--model deepseek``.
+#: launch), to measure it beside ``patched``. ``patched-mla-mirror``: the plugin with back-port 18
+#: off (FA3 with MLA keeps the host mirror), for ``--model deepseek``.
 MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}),
          "patched-prefill-first": ("strict", {"SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"}),
          # back-port 17's barrier off: what it costs
          "patched-no-war": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER": "0"}),
-         "patched-fa3-mla": ("strict", {child_env.FA3_MLA_ENV: "1"})}
+         "patched-mla-mirror": ("strict", {child_env.FA3_MLA_ENV: "0"})}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
 MODE_NOTES = {
     "patched-prefill-first": "the plugin with back-port 16's opt-in on: a small or finished prefill's result "
                              "processed before the next launch",
     "patched-no-war": "the plugin with back-port 17's WAR barrier off",
-    "patched-fa3-mla": "the plugin with back-port 18's opt-in on: FA3 with MLA builds its spec-v2 metadata on the "
-                       "device, without the host mirror",
+    "patched-mla-mirror": "the plugin with back-port 18 off (SGLANG_FUTUREMAP_FA3_MLA=0): FA3 with MLA "
+                          "keeps the host mirror",
 }
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")
@@ -653,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "stock runs the tree on spec v1, the plugin on spec v2)")
     p.add_argument("--variants", default="stock,patched",
                    help="comma-separated from " + ", ".join(MODES) + " (upstream: stock SGLang of --upstream-site; "
-                        "patched-fa3-mla: the plugin with SGLANG_FUTUREMAP_FA3_MLA=1, for --model deepseek)")
+                        "patched-mla-mirror: the plugin with SGLANG_FUTUREMAP_FA3_MLA=0, for --model deepseek)")
     p.add_argument("--upstream-site", default=child_env.upstream_site(None),
                    help="site folder of the upstream variant (default: where .gpu-0513/activate.sh unpacks)")
     p.add_argument("--boots", type=int, default=3, help="fresh servers per variant")

@@ -1046,24 +1046,24 @@ def test_deepseek_model_runs_deepseek_mtp_on_its_seeded_checkpoint(sglang_loaded
     assert sa.speculative_algorithm == "EAGLE" and sa.speculative_draft_model_path == target
     assert (sa.attention_backend, sa.disable_piecewise_cuda_graph, sa.load_format) == ("fa3", False, "auto")
     assert sa.use_mla_backend() and not sa.disable_overlap_schedule
-    # a chunk of three Engines (stock, patched, patched-fa3-mla) fits the ~490 s deadline on the first guess
+    # a chunk of three Engines (stock, patched, patched-mla-mirror) fits the ~490 s deadline on the first guess
     assert bench.first_guess_s("deepseek", "default") == 150.0 and 3 * 150.0 < 490
     assert bench.first_guess_s("deepseek", "triton-nopcg") == 75.0
 
 
-def test_dry_run_of_the_deepseek_rows_with_the_fa3_mla_variant(capsys):
+def test_dry_run_of_the_deepseek_rows_with_the_mirror_variant(capsys):
     assert bench.main(["--dry-run", "--model", "deepseek", "--backend", "default", "--reps", "1", "--no-probe",
-                       "--variants", "stock,patched,patched-fa3-mla"]) == 0
+                       "--variants", "stock,patched,patched-mla-mirror"]) == 0
     head, *passes = capsys.readouterr().out.splitlines()
     assert head.startswith("deepseek/default: spec 3/1/4")
     kw = json.loads(head.split("context 4096: ", 1)[1])
     assert kw["speculative_algorithm"] == "NEXTN" and "speculative_draft_model_path" not in kw
     assert "load_format" not in kw and "attention_backend" not in kw
     assert passes == ["   timed rep 0: stock (SGLANG_FUTUREMAP_PATCH=off), patched (SGLANG_FUTUREMAP_PATCH=strict), "
-                      "patched-fa3-mla (SGLANG_FUTUREMAP_PATCH=strict, SGLANG_FUTUREMAP_FA3_MLA=1)"]
+                      "patched-mla-mirror (SGLANG_FUTUREMAP_PATCH=strict, SGLANG_FUTUREMAP_FA3_MLA=0)"]
 
 
-def test_deepseek_chunk_builds_its_model_and_only_the_fa3_mla_variant_gets_the_switch(tmp_path, monkeypatch, capsys):
+def test_deepseek_chunk_builds_its_model_and_only_the_mirror_variant_gets_the_switch(tmp_path, monkeypatch, capsys):
     seen = []
 
     def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
@@ -1075,33 +1075,33 @@ def test_deepseek_chunk_builds_its_model_and_only_the_fa3_mla_variant_gets_the_s
 
     monkeypatch.setattr(launch, "run_worker", fake_worker)
     monkeypatch.setenv(child_env.FA3_ENV, "1")
-    monkeypatch.setenv(child_env.FA3_MLA_ENV, "1")  # in the caller's shell: stock and patched must run without it
+    monkeypatch.setenv(child_env.FA3_MLA_ENV, "0")  # in the caller's shell: stock and patched must run without it
     out = tmp_path / "bench.json"
-    bench.main(["--model", "deepseek", "--backend", "default", "--variants", "stock,patched,patched-fa3-mla",
+    bench.main(["--model", "deepseek", "--backend", "default", "--variants", "stock,patched,patched-mla-mirror",
                 "--reps", "1", "--no-probe", "--batch-sizes", "1", "--gpu-release-s", "0", "--out", str(out)])
     assert [(n.rsplit("-r", 1)[0], switch, mode, built) for n, switch, mode, built, _ in seen] == [
         ("deepseek-default-timed-stock", None, "off", True), ("deepseek-default-timed-patched", None, "strict", True),
-        ("deepseek-default-timed-patched-fa3-mla", "1", "strict", True)]
+        ("deepseek-default-timed-patched-mla-mirror", "0", "strict", True)]
     assert all(kw["speculative_algorithm"] == "NEXTN" and "speculative_draft_model_path" not in kw
                and "load_format" not in kw for *_, kw in seen)
     doc = json.loads(out.read_text())
     assert doc["config"]["algorithms"] == {"deepseek": "NEXTN"}
     assert doc["config"]["spec"]["speculative_algorithm"] == "NEXTN"
-    assert doc["config"]["variant_env"] == {"patched-fa3-mla": {child_env.FA3_MLA_ENV: "1"}}
+    assert doc["config"]["variant_env"] == {"patched-mla-mirror": {child_env.FA3_MLA_ENV: "0"}}
     text = capsys.readouterr().out
     assert bench.SEEDED_NOTE in text and bench.DUMMY_NOTE not in text
-    assert "SGLANG_FUTUREMAP_PATCH=strict, SGLANG_FUTUREMAP_FA3_MLA=1" in text  # the log line of that Engine
+    assert "SGLANG_FUTUREMAP_PATCH=strict, SGLANG_FUTUREMAP_FA3_MLA=0" in text  # the log line of that Engine
 
 
-def test_the_fa3_mla_variant_has_its_column_and_each_model_its_weights_note():
-    runs = [_run("stock", 0, {1: [100]}), _run("patched", 0, {1: [110]}), _run("patched-fa3-mla", 0, {1: [125]})]
+def test_the_mirror_variant_has_its_column_and_each_model_its_weights_note():
+    runs = [_run("stock", 0, {1: [100]}), _run("patched", 0, {1: [110]}), _run("patched-mla-mirror", 0, {1: [125]})]
     case = dict(_case(model="deepseek", backend="default", runs=runs), spec=[3, 1, 4])
     s = bench.summarize_case(case)
-    assert s["variants"] == ["stock", "patched", "patched-fa3-mla"]
-    assert s["by_bs"]["1"]["ratios"] == {"patched": pytest.approx(1.1), "patched-fa3-mla": pytest.approx(1.25)}
+    assert s["variants"] == ["stock", "patched", "patched-mla-mirror"]
+    assert s["by_bs"]["1"]["ratios"] == {"patched": pytest.approx(1.1), "patched-mla-mirror": pytest.approx(1.25)}
     case["summary"] = s
     text = bench.format_summary(_doc([case]))
-    assert ", patched-fa3-mla 125.0 tok/s (accept 4.00, spec path ?; x1.250)" in text
+    assert ", patched-mla-mirror 125.0 tok/s (accept 4.00, spec path ?; x1.250)" in text
     assert bench.weights_notes(["tiny", "8b"]) == [bench.DUMMY_NOTE] and bench.weights_notes([]) == [bench.DUMMY_NOTE]
     assert bench.weights_notes(["deepseek"]) == [bench.SEEDED_NOTE]
     assert bench.weights_notes(["deepseek", "tiny"]) == [bench.DUMMY_NOTE, bench.SEEDED_NOTE]

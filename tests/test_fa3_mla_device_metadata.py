@@ -46,21 +46,22 @@ PAGE_SIZES = [1, 16, 64]
 
 
 @pytest.fixture(autouse=True)
-def mla_opted_in(monkeypatch) -> None:
-    """Back-port 18 is opt-in: these tests run with it asked for (``SGLANG_FUTUREMAP_FA3_MLA=1``)."""
-    monkeypatch.setenv("SGLANG_FUTUREMAP_FA3_MLA", "1")
+def mla_default(monkeypatch) -> None:
+    """Back-port 18 as it ships: on unless ``SGLANG_FUTUREMAP_FA3_MLA=0`` (so not from the shell)."""
+    monkeypatch.delenv("SGLANG_FUTUREMAP_FA3_MLA", raising=False)
 
 
-def test_mla_keeps_the_mirror_unless_asked(fa, monkeypatch):
-    """Without ``SGLANG_FUTUREMAP_FA3_MLA=1`` MLA stays on the host mirror (back-port 8's
-    behaviour); MHA builds on the device either way."""
-    for setting in (None, "0", "yes"):
+def test_mla_keeps_the_mirror_only_when_told(fa, monkeypatch):
+    """``SGLANG_FUTUREMAP_FA3_MLA=0`` keeps MLA on the host mirror (back-port 8's behaviour);
+    unset or any other value MLA builds on the device; MHA builds on the device either way."""
+    for setting, on_device in ((None, True), ("1", True), ("yes", True), ("0", False), (" 0 ", False)):
         if setting is None:
             monkeypatch.delenv("SGLANG_FUTUREMAP_FA3_MLA", raising=False)
         else:
             monkeypatch.setenv("SGLANG_FUTUREMAP_FA3_MLA", setting)
         b = mla_backend(fa)
-        assert b.builds_spec_metadata_on_device() is False and b.needs_cpu_seq_lens is True
+        assert b.builds_spec_metadata_on_device() is on_device, setting
+        assert b.needs_cpu_seq_lens is (not on_device), setting
         assert make_backend(fa).needs_cpu_seq_lens is False  # MHA
 
 

@@ -902,11 +902,11 @@ def test_mla_cases_launch_deepseek_as_sglang_runs_it(tmp_path: Path) -> None:
     assert {(c.profile, c.cuda_graph) for c in mla} == {("matrix", True), ("matrix", False), ("eos-ties", True),
                                                           ("radix", True)}
     # the EOS churn, as mtp-eos-default, is judged at near-ties; the rest token for token
-    assert [c.name for c in mla if c.batch_variant] == ["mla-eos-default", "mla-bp18-eos-default"]
-    # back-port 18 is opt-in: its rows ask for it, the others run the plugin as it ships
-    assert {c.name for c in mla if ("SGLANG_FUTUREMAP_FA3_MLA", "1") in c.env} == {"mla-bp18-default-graph",
-                                                                                   "mla-bp18-eos-default"}
-    assert all(not c.env for c in mla if not c.name.startswith("mla-bp18-"))
+    assert [c.name for c in mla if c.batch_variant] == ["mla-eos-default", "mla-mirror-eos-default"]
+    # the mirror rows turn back-port 18 off; the others run the plugin as it ships
+    assert {c.name for c in mla if ("SGLANG_FUTUREMAP_FA3_MLA", "0") in c.env} == {"mla-mirror-default-graph",
+                                                                                   "mla-mirror-eos-default"}
+    assert all(not c.env for c in mla if not c.name.startswith("mla-mirror-"))
     assert all(c.algorithm == "NEXTN" and c.backend == "default" and c.pcg and c.sync_probe and c.needs_fa3
                and c.models is None and c.gpus == 1 for c in mla)
     assert "logprob" in {sc["name"] for sc in e2e.scenarios("matrix", 4096)}
@@ -1204,7 +1204,7 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
     for c in e2e.tree_v2_cases() + e2e.tree_v2_det_cases():
         assert c.env == ((e2e.TREE_SPEC_V2_ENV, "1" if c.backend == "flashinfer" else None),), c.name
     assert {c.backend for c in e2e.tree_v2_cases()} >= {"flashinfer", "fa3", "triton", "default"}
-    assert not any(c.env for c in e2e.all_cases() if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-bp18-")))
+    assert not any(c.env for c in e2e.all_cases() if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-")))
     seen: dict[str, dict[str, str]] = {}
 
     def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):

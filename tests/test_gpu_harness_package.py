@@ -94,19 +94,19 @@ def test_subprocess_env(tmp_path: Path) -> None:
         child_env.make_variants(["nightly"])
 
 
-def test_the_fa3_mla_variant_is_the_plugin_with_back_port_18_asked_for() -> None:
+def test_the_mirror_variant_is_the_plugin_with_back_port_18_off() -> None:
     from sglang_futuremap_patch.backports import fa3_mla_device_metadata
 
     assert child_env.FA3_MLA_ENV == fa3_mla_device_metadata.FA3_MLA_ENV
-    patched, fa3_mla = child_env.make_variants(["patched", "patched-fa3-mla"])
-    assert (fa3_mla.name, fa3_mla.mode, fa3_mla.plugin_expected) == ("patched-fa3-mla", "strict", "applied")
-    assert fa3_mla.env == ((child_env.FA3_MLA_ENV, "1"),) and patched.env == ()
-    assert "patched-fa3-mla" in child_env.VARIANT_NAMES
+    patched, fa3_mla = child_env.make_variants(["patched", "patched-mla-mirror"])
+    assert (fa3_mla.name, fa3_mla.mode, fa3_mla.plugin_expected) == ("patched-mla-mirror", "strict", "applied")
+    assert fa3_mla.env == ((child_env.FA3_MLA_ENV, "0"),) and patched.env == ()
+    assert "patched-mla-mirror" in child_env.VARIANT_NAMES
     # the caller's shell may hold the switch: only the variant that asks for it gets it
-    shell = {child_env.FA3_MLA_ENV: "1", "KEEP": "x"}
+    shell = {child_env.FA3_MLA_ENV: "0", "KEEP": "x"}
     assert child_env.with_variant_env(shell, patched) == {"KEEP": "x"}
     assert child_env.with_variant_env(shell, child_env.STOCK) == {"KEEP": "x"}
-    assert child_env.with_variant_env({"KEEP": "x"}, fa3_mla) == {"KEEP": "x", child_env.FA3_MLA_ENV: "1"}
+    assert child_env.with_variant_env({"KEEP": "x"}, fa3_mla) == {"KEEP": "x", child_env.FA3_MLA_ENV: "0"}
 
 
 # ----------------------------------------------------------------------------- launch, errors

@@ -119,7 +119,7 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
     from sglang_futuremap_patch.backports import prefill_result_first
 
     assert prefill_result_first.PREFILL_RESULT_FIRST_ENV in env
-    assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war", "patched-fa3-mla"}
+    assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war", "patched-mla-mirror"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -570,17 +570,17 @@ def test_deepseek_server_is_launched_as_the_e2e_mla_cases_and_sglang_takes_it(sg
         "dummy", "STANDALONE", "/m/d")
 
 
-def test_fa3_mla_variant_is_the_plugin_with_back_port_18_asked_for_and_only_it_gets_the_switch() -> None:
+def test_mirror_variant_is_the_plugin_with_back_port_18_off_and_only_it_gets_the_switch() -> None:
     from sglang_futuremap_patch.backports import fa3_mla_device_metadata
 
-    assert sb.MODES["patched-fa3-mla"] == ("strict", {fa3_mla_device_metadata.FA3_MLA_ENV: "1"})
-    shell = {"SGLANG_FUTUREMAP_FA3_MLA": "1", "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1", "PYTHONPATH": "/x"}
+    assert sb.MODES["patched-mla-mirror"] == ("strict", {fa3_mla_device_metadata.FA3_MLA_ENV: "0"})
+    shell = {"SGLANG_FUTUREMAP_FA3_MLA": "0", "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1", "PYTHONPATH": "/x"}
     patched = sb.variant_env("patched", shell)
     assert "SGLANG_FUTUREMAP_FA3_MLA" not in patched and "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST" not in patched
     assert patched["SGLANG_FUTUREMAP_PATCH"] == "strict"
     assert patched["PYTHONPATH"].split(os.pathsep) == [str(child_env.DATASETS_STAND_IN), "/x"]
-    fa3_mla = sb.variant_env("patched-fa3-mla", shell)
-    assert fa3_mla["SGLANG_FUTUREMAP_FA3_MLA"] == "1" and "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST" not in fa3_mla
+    fa3_mla = sb.variant_env("patched-mla-mirror", shell)
+    assert fa3_mla["SGLANG_FUTUREMAP_FA3_MLA"] == "0" and "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST" not in fa3_mla
     assert sb.variant_env("stock", shell)["SGLANG_FUTUREMAP_PATCH"] == "off"
 
 
@@ -604,17 +604,17 @@ def test_run_server_starts_the_model_it_is_told_with_its_variants_environment(tm
 
     monkeypatch.setattr(sb.subprocess, "Popen", Exited)
     monkeypatch.setattr(sb, "stop_group", lambda proc: None)
-    monkeypatch.setenv("SGLANG_FUTUREMAP_FA3_MLA", "1")  # the caller's shell holds it
+    monkeypatch.setenv("SGLANG_FUTUREMAP_FA3_MLA", "0")  # the caller's shell holds it
     args = argparse.Namespace(out=tmp_path, timeline=False, upstream_site="none", backend="default", server_arg=[],
                               concurrency=[1], spec="chain", model="deepseek")
-    for variant in ("patched", "patched-fa3-mla"):
+    for variant in ("patched", "patched-mla-mirror"):
         run = sb.run_server(variant, 0, "/m/deepseek", None, args, deadline=time.monotonic() + 5, port=1)
         assert run["error"] == "server exited with 1 before it was ready"
     (server_p, env_p), _client, (server_m, env_m), _client2 = launched
     for argv in (server_p, server_m):
         assert argv[argv.index("--speculative-algorithm") + 1] == "NEXTN" and "--load-format" not in argv
         assert "--speculative-draft-model-path" not in argv and argv[argv.index("--model-path") + 1] == "/m/deepseek"
-    assert "SGLANG_FUTUREMAP_FA3_MLA" not in env_p and env_m["SGLANG_FUTUREMAP_FA3_MLA"] == "1"
+    assert "SGLANG_FUTUREMAP_FA3_MLA" not in env_p and env_m["SGLANG_FUTUREMAP_FA3_MLA"] == "0"
 
 
 def _model_record(path: Path, runs: list, model_name: str | None) -> Path:
@@ -626,13 +626,13 @@ def _model_record(path: Path, runs: list, model_name: str | None) -> Path:
     return path
 
 
-def test_deepseek_record_names_its_model_and_gets_the_fa3_mla_table(tmp_path: Path, capsys) -> None:
-    runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 95, 9, 1100), _run("patched-fa3-mla", 0, 90, 8, 1250)]
+def test_deepseek_record_names_its_model_and_gets_the_mirror_table(tmp_path: Path, capsys) -> None:
+    runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 95, 9, 1100), _run("patched-mla-mirror", 0, 90, 8, 1250)]
     doc = _model_record(tmp_path / "ds.json", runs, "deepseek")
     text = sb.merge([doc])
     assert text.splitlines()[0].endswith(", model deepseek, its own NextN layer as draft, 3/1/4")
-    assert "Stock -> patched-fa3-mla (the plugin with back-port 18's opt-in on" in text
-    table = text.split("Stock -> patched-fa3-mla")[1]
+    assert "Stock -> patched-mla-mirror (the plugin with back-port 18 off" in text
+    table = text.split("Stock -> patched-mla-mirror")[1]
     assert "| 32 | 100.0 -> 90.0 (x1.111) | 200.0 -> 180.0 (x1.111) | 10.0 -> 8.0 (x1.250) |" in table
     # records of two models never make one table (an older record ran the 8B model)
     old = _model_record(tmp_path / "old.json", runs[:2], None)
@@ -649,11 +649,11 @@ def test_main_builds_and_records_the_model_it_is_told(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(sb, "run_server", fake_run_server)
     out = tmp_path / "out"
-    assert sb.main(["--out", str(out), "--model", "deepseek", "--variants", "stock,patched-fa3-mla", "--boots", "1",
+    assert sb.main(["--out", str(out), "--model", "deepseek", "--variants", "stock,patched-mla-mirror", "--boots", "1",
                     "--concurrency", "32"]) == 0
     target = str(out / "models" / "deepseek")
-    assert calls == [("stock", target, None, "deepseek"), ("patched-fa3-mla", target, None, "deepseek")]
+    assert calls == [("stock", target, None, "deepseek"), ("patched-mla-mirror", target, None, "deepseek")]
     config = json.loads((out / "serve-bench.json").read_text())["environment"]["config"]
     assert config["model_name"] == "deepseek" and config["model"].startswith("tiny DeepSeek-V3 (MLA")
     md = (out / "serve-bench.md").read_text()
-    assert ", model deepseek, " in md and "Stock -> patched-fa3-mla" in md
+    assert ", model deepseek, " in md and "Stock -> patched-mla-mirror" in md

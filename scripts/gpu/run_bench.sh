@@ -51,18 +51,18 @@
 #
 # DeepSeek MTP on MLA (--model deepseek: the model factory's tiny DeepSeek-V3 with its NextN layer,
 # seeded weights, built in ~2 s on the host; NEXTN, no draft path; with backend default SGLang picks
-# FA3 MLA + PCG on Hopper). FA3 staged first, as above. Variant patched-fa3-mla = the plugin with
-# SGLANG_FUTUREMAP_FA3_MLA=1 (back-port 18, opt-in). Guessed, never timed: an Engine starts in ~30 s
+# FA3 MLA + PCG on Hopper). FA3 staged first, as above. Variant patched-mla-mirror = the plugin with
+# SGLANG_FUTUREMAP_FA3_MLA=0 (back-port 18 off: MLA on the host mirror). Guessed, never timed: an Engine starts in ~30 s
 # without PCG and ~2 min with it (as tiny; the bench's first guess is 150 s with the 512-token PCG
 # limit), timed work ~15-30 s (the draft accepts part of each chain, so more iterations than tiny's):
-#   --model deepseek --backend default --variants stock,patched,patched-fa3-mla --reps 1 --no-probe
+#   --model deepseek --backend default --variants stock,patched,patched-mla-mirror --reps 1 --no-probe
 #                                                                      3 Engines  ~7-8.5 min (one row each;
 #                                                                      if the third is left out, run it
-#                                                                      with --variants stock,patched-fa3-mla)
-#   --model deepseek --backend default --variants stock,patched,patched-fa3-mla --reps 0 --probe
+#                                                                      with --variants stock,patched-mla-mirror)
+#   --model deepseek --backend default --variants stock,patched,patched-mla-mirror --reps 0 --probe
 #                                                                      3 Engines  ~7-8.5 min (host syncs per
 #                                                                      decode iteration, untimed)
-#   --model deepseek --backend default --variants stock,patched-fa3-mla --reps 2 --no-probe
+#   --model deepseek --backend default --variants stock,patched-mla-mirror --reps 2 --no-probe
 #                                                                      4 Engines  ~9 min (more pairs; cut by
 #                                                                      the budget when starts are slow)
 #

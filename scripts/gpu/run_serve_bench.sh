@@ -15,14 +15,14 @@
 #
 # DeepSeek MTP on MLA (--model deepseek: the tiny DeepSeek-V3 with its NextN layer, seeded weights
 # and its own tokenizer; --speculative-algorithm NEXTN, no draft path; FA3 MLA + PCG on Hopper, FA3
-# staged first). patched-fa3-mla = the plugin with SGLANG_FUTUREMAP_FA3_MLA=1 (back-port 18). One
+# staged first). patched-mla-mirror = the plugin with SGLANG_FUTUREMAP_FA3_MLA=0 (back-port 18 off). One
 # pair per call, alternating order across calls, then --merge; guessed, never timed: a boot ~2 min
 # with PCG (~30 s without), the three cells ~1 min, so a pair ~5-6 min:
-#   bash scripts/gpu/run_serve_bench.sh --model deepseek --variants stock,patched-fa3-mla --boots 1 --first-boot 0 \
+#   bash scripts/gpu/run_serve_bench.sh --model deepseek --variants stock,patched-mla-mirror --boots 1 --first-boot 0 \
 #       --concurrency 1,8,32 --budget 500
-#   bash scripts/gpu/run_serve_bench.sh --model deepseek --variants stock,patched-fa3-mla --boots 1 --first-boot 1 \
+#   bash scripts/gpu/run_serve_bench.sh --model deepseek --variants stock,patched-mla-mirror --boots 1 --first-boot 1 \
 #       --concurrency 1,8,32 --budget 500
-#   (--variants stock,patched,patched-fa3-mla: three servers, ~8-9 min, if boots turn out short)
+#   (--variants stock,patched,patched-mla-mirror: three servers, ~8-9 min, if boots turn out short)
 #
 # Results under ${OUT:-./gpu-out}: serve-bench.json, serve-bench.md, serve-logs.tar.gz (logs/, bench/, and
 # timeline/ with --timeline). Join the

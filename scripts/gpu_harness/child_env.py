@@ -1,7 +1,7 @@
 """What a harness's child process (an Engine worker, a server, a kit test process) runs with.
 
 * **Variants**: ``stock`` (``SGLANG_FUTUREMAP_PATCH=off``), ``patched`` (``strict``),
-  ``patched-fa3-mla`` (``strict`` with back-port 18's opt-in, ``SGLANG_FUTUREMAP_FA3_MLA=1``),
+  ``patched-mla-mirror`` (``strict`` with back-port 18 turned off, ``SGLANG_FUTUREMAP_FA3_MLA=0``),
   ``upstream`` (stock SGLang of a second bundle, e.g. 0.5.13, whose site folder replaces the
   current SGLang's on ``PYTHONPATH``; the plugin is not installed there) and ``tree`` (a copy
   of the current ``sglang`` package with ``patches/`` applied, first on ``PYTHONPATH``; the
@@ -80,15 +80,15 @@ class Variant:
         return "disabled" if self.mode == "off" else "applied"
 
 
-#: Back-port 18's opt-in (``sglang_futuremap_patch.backports.fa3_mla_device_metadata``): FA3 with
-#: MLA (DeepSeek MTP) builds its spec-v2 metadata on the device instead of keeping the host mirror.
+#: Back-port 18's switch (``sglang_futuremap_patch.backports.fa3_mla_device_metadata``): ``0`` keeps
+#: FA3 with MLA (DeepSeek MTP) on the host mirror; unset, MLA builds its spec-v2 metadata on the device.
 FA3_MLA_ENV = "SGLANG_FUTUREMAP_FA3_MLA"
-#: Opt-in switches that a variant sets; every other variant runs without them.
+#: Plugin switches that a variant sets; every other variant runs without them.
 VARIANT_SWITCHES = (FA3_MLA_ENV,)
 
 STOCK = Variant("stock", "off")
 PATCHED = Variant("patched", "strict")
-VARIANT_NAMES = ("stock", "patched", "upstream", "tree", "patched-fa3-mla")
+VARIANT_NAMES = ("stock", "patched", "upstream", "tree", "patched-mla-mirror")
 #: Where the ``tree`` variant's site is, when make_variants is not told.
 TREE_SITE_ENV = "SGLANG_TREE_SITE"
 
@@ -105,8 +105,8 @@ def make_variants(names: Iterable[str], *, patched_mode: str = "strict",
             out.append(STOCK)
         elif name == "patched":
             out.append(Variant("patched", patched_mode))
-        elif name == "patched-fa3-mla":
-            out.append(Variant(name, patched_mode, env=((FA3_MLA_ENV, "1"),)))
+        elif name == "patched-mla-mirror":
+            out.append(Variant(name, patched_mode, env=((FA3_MLA_ENV, "0"),)))
         elif name == "upstream":
             out.append(Variant("upstream", "off", upstream_site(upstream)))
         elif name == "tree":

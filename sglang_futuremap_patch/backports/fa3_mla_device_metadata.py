@@ -32,9 +32,10 @@ spec-v2 forward (its FA3 dispatch sums ``extend_prefix_lens_cpu`` for a prefill 
 copes with None). So this back-port only takes MLA out of back-port 8's exclusions (one line
 of ``builds_spec_metadata_on_device``); MLA with topk > 1, context parallel, FA4, or every
 forward eager with the split heuristic free (CUDA graph off, ``num_splits`` 0) keeps the mirror
-as before. It is opt-in (``SGLANG_FUTUREMAP_FA3_MLA=1``; unset, MLA keeps the mirror) until a
-GPU run has compared a DeepSeek model with MTP token for token against stock: the argument
-above is checked on CPU with SGLang's FA3 backend and a reference kernel, not yet on FA3.
+as before. On by default since the GPU e2e ``mla`` group (a DeepSeek-V3-shaped model with its
+NextN layer, FA3 MLA + piecewise CUDA graph, CUDA graph on and off, EOS churn, radix cache)
+matched stock token for token with it; ``SGLANG_FUTUREMAP_FA3_MLA=0`` keeps MLA on the mirror
+(back-port 8's behaviour), for comparison or as a way back.
 """
 
 from __future__ import annotations
@@ -43,21 +44,21 @@ from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
 
 _FA = "sglang.srt.layers.attention.flashattention_backend"
 
-#: ``1`` lets FA3 with MLA build its spec-v2 metadata on the device; unset or anything else keeps
-#: MLA on the host mirror, as back-port 8 does. Opt-in until a GPU run has compared a DeepSeek
-#: model with MTP token for token against stock (the e2e ``mla`` group).
+#: ``0`` keeps FA3 with MLA on the host mirror, as back-port 8 alone does; unset or anything else:
+#: MLA builds its spec-v2 metadata on the device like MHA.
 FA3_MLA_ENV = "SGLANG_FUTUREMAP_FA3_MLA"
 
 
 def fa3_mla_device_metadata_wanted() -> bool:
-    """Whether MLA joins back-port 8's device-built configurations (``SGLANG_FUTUREMAP_FA3_MLA=1``)."""
+    """Whether MLA joins back-port 8's device-built configurations (yes unless
+    ``SGLANG_FUTUREMAP_FA3_MLA=0``)."""
     import os
 
     # Installed into SGLang's FA3 module and run with its globals: the name is spelled out.
-    return os.environ.get("SGLANG_FUTUREMAP_FA3_MLA", "").strip() == "1"
+    return os.environ.get("SGLANG_FUTUREMAP_FA3_MLA", "").strip() != "0"
 
 
-# Back-port 8's coverage check, with MLA covered when asked for.
+# Back-port 8's coverage check, with MLA covered unless SGLANG_FUTUREMAP_FA3_MLA=0.
 _COVERAGE_EDITS = (
     TextEdit(
         old="""\
@@ -66,7 +67,7 @@ _COVERAGE_EDITS = (
 """,
         new="""\
         and self.topk <= 1
-        # MLA reads its spec-v2 metadata from MHA's buffers, built the same way (opt-in).
+        # MLA reads its spec-v2 metadata from MHA's buffers, built the same way.
         and (not self.use_mla or fa3_mla_device_metadata_wanted())
 """,
     ),
