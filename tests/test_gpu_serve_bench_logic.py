@@ -327,7 +327,9 @@ def test_ttft_breakdown_splits_the_schedulers_part_of_ttft() -> None:
     assert split["between_ms"] == pytest.approx(5.0) and split["next_launch_ms"] == pytest.approx(5.0)
     assert split["process_ms"] == pytest.approx(0.5) and split["total_ms"] == pytest.approx(7.5)
     assert split["decode_launch_ms"] == pytest.approx(5.0)
-    assert st.ttft_breakdown(events)["requests"] == 3
+    assert split["prefill_bs_mean"] == 2.0  # both shared one prefill
+    whole = st.ttft_breakdown(events)
+    assert whole["requests"] == 3 and whole["prefill_bs_mean"] == pytest.approx(5 / 3, abs=0.005)  # 2, 2, 1
 
 
 def test_timeline_probe_records_the_api_servers_timestamps(sglang_loaded, tmp_path: Path) -> None:

@@ -71,7 +71,8 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
                    t_hi: float = float("inf")) -> dict[str, Any]:
     """Per request received in ``[t_lo, t_hi)``: the scheduler's part of its TTFT, split.
 
-    Returns medians (ms) over those requests of ``queue`` (received -> its prefill's launch
+    Returns ``prefill_bs_mean``: the mean over those requests of the size of the prefill batch
+    each was launched in (how many requests shared its prefill), and medians (ms) over them of ``queue`` (received -> its prefill's launch
     started), ``launch`` (the prefill's ``run_batch``), ``between`` (the prefill's launch ended ->
     its result's processing started: the next batch's launch, in the overlap loop), ``process``
     (the processing of the prefill's result) and ``total`` (received -> processed), plus the
@@ -89,6 +90,7 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
     api = {e["rid"]: e for e in events if e["kind"] == "api"}
     parts: dict[str, list[float]] = {k: [] for k in ("queue", "launch", "between", "process", "total", "next_launch",
                                                      *API_PARTS)}
+    prefill_bs: list[int] = []  # per request: the size of the prefill batch it was launched in
     proc_i = 0
     for i, run in enumerate(runs):
         if not run["extend"]:
@@ -105,6 +107,7 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
             continue
         nxt = runs[i + 1] if i + 1 < len(runs) and runs[i + 1]["t"] < proc["t"] else None
         for rid in rids:
+            prefill_bs.append(run["bs"])
             parts["queue"].append(run["t"] - recv[rid])
             parts["launch"].append(run["t1"] - run["t"])
             parts["between"].append(proc["t"] - run["t1"])
@@ -145,7 +148,8 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
     lag = [e for e in events if e["kind"] == "lag" and t_lo <= e["t"] < t_hi]
     n_lag = sum(e["n"] for e in lag)
     out: dict[str, Any] = {"requests": len(parts["total"]),
-                           "api_loop_lag_ms": round(sum(e["sum"] for e in lag) / n_lag * 1e3, 3) if n_lag else None}
+                           "api_loop_lag_ms": round(sum(e["sum"] for e in lag) / n_lag * 1e3, 3) if n_lag else None,
+                           "prefill_bs_mean": round(statistics.fmean(prefill_bs), 2) if prefill_bs else None}
     for k, v in parts.items():
         out[k + "_ms"] = round(statistics.median(v) * 1e3, 3) if v else None
     out["decode_launch_ms"] = round(statistics.median(decode) * 1e3, 3) if decode else None
