@@ -157,7 +157,8 @@ def bench_argv(model: str, port: int, concurrency: int, prompts: int, out_file: 
             "--warmup-requests", str(warmup_requests(args.warmup, concurrency)), "--output-details"]
     if args.dataset == "random-ids":
         argv += ["--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
-                 "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0"]
+                 "--random-output-len", str(args.output_len),
+                 "--random-range-ratio", str(getattr(args, "range_ratio", 1.0))]
     else:
         argv += ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(max(1, prompts // 8)),
                  "--gsp-prompts-per-group", "8", "--gsp-system-prompt-len", str(args.input_len),
@@ -585,7 +586,8 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
             "config": {"model": f"{MODELS[args.model].description}, " + "/".join(map(str, SPECS[args.spec])),
                        "model_name": args.model, "spec": args.spec,
                        "backend": args.backend, "server_args": [*DEFAULT_SERVER_ARGS, *args.server_arg], "dataset": args.dataset,
-                       "input_len": args.input_len, "output_len": args.output_len, "rounds": args.rounds,
+                       "input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
+                       "rounds": args.rounds,
                        "min_prompts": args.min_prompts, "concurrency": args.concurrency, "boots": args.boots,
                        "warmup": args.warmup}}
 
@@ -661,6 +663,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dataset", choices=("random-ids", "generated-shared-prefix"), default="random-ids")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--range-ratio", type=float, default=1.0,
+                   help="random-ids: bench_serving's --random-range-ratio (1.0: every request exactly --input-len / "
+                        "--output-len, so requests that start together finish together and share their next "
+                        "prefill; below 1, lengths drawn from [ratio x len, len])")
     p.add_argument("--rounds", type=int, default=4, help="requests per cell = rounds x concurrency ...")
     p.add_argument("--min-prompts", type=int, default=12, help="... but at least this many")
     p.add_argument("--warmup", choices=("wave", "one"), default="wave",

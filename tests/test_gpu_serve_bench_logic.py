@@ -75,6 +75,13 @@ def test_bench_command_goes_through_bench_servings_parser(tmp_path: Path, monkey
     # A warm-up wave at the cell's concurrency, and the per-request TTFTs in the output file.
     assert ns.warmup_requests == 13 and ns.output_details
     assert sb.warmup_requests("one", 13) == 1 and sb.warmup_requests("wave", 48) == 48
+    # Lengths drawn: --range-ratio reaches bench_serving's parser
+    args.range_ratio = 0.5
+    monkeypatch.setattr(sys, "argv", ["bench_serving", *sb.bench_argv("/m/target", 31200, 13, 39, tmp_path / "o.jsonl",
+                                                                      args)[3:]])
+    captured.clear()
+    exec(compile(main.replace('if __name__ == "__main__":', "if True:"), bs.__file__, "exec"), vars(bs))
+    assert captured["ns"].random_range_ratio == 0.5
 
 
 def _pooled_run(variant: str, boot: int, ttfts: list[float]) -> dict:
@@ -657,5 +664,6 @@ def test_main_builds_and_records_the_model_it_is_told(tmp_path: Path, monkeypatc
     assert calls == [("stock", target, None, "deepseek"), ("patched-mla-mirror", target, None, "deepseek")]
     config = json.loads((out / "serve-bench.json").read_text())["environment"]["config"]
     assert config["model_name"] == "deepseek" and config["model"].startswith("tiny DeepSeek-V3 (MLA")
+    assert config["range_ratio"] == 1.0  # fixed lengths unless --range-ratio says otherwise
     md = (out / "serve-bench.md").read_text()
     assert ", model deepseek, " in md and "Stock -> patched-mla-mirror" in md
