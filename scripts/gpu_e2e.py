@@ -353,7 +353,7 @@ def mla_cases() -> list[Case]:
     cases.append(Case("mla-eos-default", nextn, "default", True, True, "eos-ties", batch_variant=True, **mla))
     cases.append(Case("mla-radix-default", nextn, "default", True, True, "radix", **mla))
     # Back-port 18 turned off: FA3 with MLA on the host mirror (the way back), against stock.
-    mirror = ((child_env.FA3_MLA_ENV, "0"),)
+    mirror = child_env.MLA_MIRROR_ENV
     cases.append(Case("mla-mirror-default-graph", nextn, "default", True, True, "matrix", env=mirror, **mla))
     cases.append(Case("mla-mirror-eos-default", nextn, "default", True, True, "eos-ties", env=mirror,
                       batch_variant=True, **mla))

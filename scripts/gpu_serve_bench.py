@@ -61,7 +61,7 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          "patched-prefill-first": ("strict", {"SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"}),
          # back-port 17's barrier off: what it costs
          "patched-no-war": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER": "0"}),
-         "patched-mla-mirror": ("strict", {child_env.FA3_MLA_ENV: "0"})}
+         "patched-mla-mirror": ("strict", dict(child_env.MLA_MIRROR_ENV))}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
 MODE_NOTES = {
     "patched-prefill-first": "the plugin with back-port 16's opt-in on: a small or finished prefill's result "
@@ -158,7 +158,7 @@ def bench_argv(model: str, port: int, concurrency: int, prompts: int, out_file: 
     if args.dataset == "random-ids":
         argv += ["--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
                  "--random-output-len", str(args.output_len),
-                 "--random-range-ratio", str(getattr(args, "range_ratio", 1.0))]
+                 "--random-range-ratio", str(args.range_ratio)]
     else:
         argv += ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(max(1, prompts // 8)),
                  "--gsp-prompts-per-group", "8", "--gsp-system-prompt-len", str(args.input_len),

@@ -61,7 +61,7 @@ def test_bench_command_goes_through_bench_servings_parser(tmp_path: Path, monkey
     monkeypatch.syspath_prepend(str(child_env.DATASETS_STAND_IN))  # as the benchmark runs it
     import sglang.bench_serving as bs
 
-    args = argparse.Namespace(dataset="random-ids", input_len=256, output_len=256, seed=1, warmup="wave")
+    args = argparse.Namespace(dataset="random-ids", input_len=256, output_len=256, range_ratio=1.0, seed=1, warmup="wave")
     argv = sb.bench_argv("/m/target", 31200, 13, 39, tmp_path / "o.jsonl", args)
     captured = {}
     monkeypatch.setattr(bs, "run_benchmark", lambda ns: captured.setdefault("ns", ns))

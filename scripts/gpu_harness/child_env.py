@@ -83,6 +83,8 @@ class Variant:
 #: Back-port 18's switch (``sglang_futuremap_patch.backports.fa3_mla_device_metadata``): ``0`` keeps
 #: FA3 with MLA (DeepSeek MTP) on the host mirror; unset, MLA builds its spec-v2 metadata on the device.
 FA3_MLA_ENV = "SGLANG_FUTUREMAP_FA3_MLA"
+#: The ``patched-mla-mirror`` side's switches: back-port 18 off.
+MLA_MIRROR_ENV = ((FA3_MLA_ENV, "0"),)
 #: Plugin switches that a variant sets; every other variant runs without them.
 VARIANT_SWITCHES = (FA3_MLA_ENV,)
 
@@ -106,7 +108,7 @@ def make_variants(names: Iterable[str], *, patched_mode: str = "strict",
         elif name == "patched":
             out.append(Variant("patched", patched_mode))
         elif name == "patched-mla-mirror":
-            out.append(Variant(name, patched_mode, env=((FA3_MLA_ENV, "0"),)))
+            out.append(Variant(name, patched_mode, env=MLA_MIRROR_ENV))
         elif name == "upstream":
             out.append(Variant("upstream", "off", upstream_site(upstream)))
         elif name == "tree":
