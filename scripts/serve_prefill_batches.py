@@ -30,18 +30,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gpu_harness import child_env  # noqa: E402
-
-sched_timeline = child_env.probe_module("sched_timeline")
+import gpu_serve_bench as serve  # noqa: E402
 
 
 def cell_sizes(config: dict[str, Any]) -> list[tuple[str, int, int]]:
-    """(concurrency, warm-up requests, measured requests) per cell, in the order they ran."""
-    out = []
-    for c in config["concurrency"]:
-        warm = c if config.get("warmup") == "wave" else 1
-        out.append((str(c), warm, max(config["rounds"] * c, config.get("min_prompts", 0))))
-    return out
+    """(concurrency, warm-up requests, measured requests) per cell, in the order they ran: the
+    serving benchmark's own counts."""
+    return [(str(c), serve.warmup_requests(config.get("warmup"), c),
+             serve.num_prompts(c, config["rounds"], config.get("min_prompts", 0))) for c in config["concurrency"]]
 
 
 def timelines(tar_path: Path) -> dict[str, list[dict[str, Any]]]:
