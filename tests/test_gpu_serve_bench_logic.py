@@ -337,6 +337,12 @@ def test_ttft_breakdown_splits_the_schedulers_part_of_ttft() -> None:
     assert split["prefill_bs_mean"] == 2.0  # both shared one prefill
     whole = st.ttft_breakdown(events)
     assert whole["requests"] == 3 and whole["prefill_bs_mean"] == pytest.approx(5 / 3, abs=0.005)  # 2, 2, 1
+    # A chunked prompt: "late" in a second prefill of 3 too; its shared prefill is its first one.
+    chunked = events + [
+        {"kind": "recv", "t": 10.005, "rid": "x"}, {"kind": "recv", "t": 10.005, "rid": "y"},
+        {"kind": "run", "t": 10.006, "t1": 10.007, "mode": "EXTEND", "extend": True, "bs": 3, "rids": ["late", "x", "y"]},
+        {"kind": "proc", "t": 10.008, "t1": 10.009, "mode": "EXTEND", "extend": True, "bs": 3}]
+    assert st.ttft_breakdown(chunked)["prefill_bs_mean"] == pytest.approx((2 + 2 + 1 + 3 + 3) / 5, abs=0.005)
 
 
 def test_timeline_probe_records_the_api_servers_timestamps(sglang_loaded, tmp_path: Path) -> None:

@@ -90,7 +90,9 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
     api = {e["rid"]: e for e in events if e["kind"] == "api"}
     parts: dict[str, list[float]] = {k: [] for k in ("queue", "launch", "between", "process", "total", "next_launch",
                                                      *API_PARTS)}
-    prefill_bs: list[int] = []  # per request: the size of the prefill batch it was launched in
+    # Per request: the size of the first prefill batch it was launched in (a chunked prompt
+    # spans several; serve_prefill_batches.py counts the same way).
+    prefill_bs: dict[str, int] = {}
     proc_i = 0
     for i, run in enumerate(runs):
         if not run["extend"]:
@@ -107,7 +109,7 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
             continue
         nxt = runs[i + 1] if i + 1 < len(runs) and runs[i + 1]["t"] < proc["t"] else None
         for rid in rids:
-            prefill_bs.append(run["bs"])
+            prefill_bs.setdefault(rid, run["bs"])
             parts["queue"].append(run["t"] - recv[rid])
             parts["launch"].append(run["t1"] - run["t"])
             parts["between"].append(proc["t"] - run["t1"])
@@ -149,7 +151,7 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
     n_lag = sum(e["n"] for e in lag)
     out: dict[str, Any] = {"requests": len(parts["total"]),
                            "api_loop_lag_ms": round(sum(e["sum"] for e in lag) / n_lag * 1e3, 3) if n_lag else None,
-                           "prefill_bs_mean": round(statistics.fmean(prefill_bs), 2) if prefill_bs else None}
+                           "prefill_bs_mean": round(statistics.fmean(prefill_bs.values()), 2) if prefill_bs else None}
     for k, v in parts.items():
         out[k + "_ms"] = round(statistics.median(v) * 1e3, 3) if v else None
     out["decode_launch_ms"] = round(statistics.median(decode) * 1e3, 3) if decode else None
