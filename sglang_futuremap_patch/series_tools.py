@@ -836,8 +836,9 @@ def _verdict(ok: bool, output: str, patches: list[Path], repo: Path, done: str) 
     return True, f"{done}{note}"
 
 
-def _prepare(repo: Path, patches_dir: Path | None):
-    """The checkout's layout and the patch files, or why the series cannot go there."""
+def _prepare(repo: Path, patches_dir: Path | None) -> tuple[_Layout, list[Path]] | str:
+    """The checkout's layout and the patch files, or why the series cannot go there (also:
+    it is there already)."""
     layout = _layout(repo)
     if isinstance(layout, str):
         return layout
@@ -845,9 +846,12 @@ def _prepare(repo: Path, patches_dir: Path | None):
     if refusal:
         return refusal
     try:
-        return layout, series_patches(patches_dir)
+        patches = series_patches(patches_dir)
     except SeriesError as exc:
         return str(exc)
+    if _series_present(layout, patches):
+        return f"the series is already applied to {repo}; nothing to do"
+    return layout, patches
 
 
 def _series_present(layout: _Layout, patches: list[Path]) -> bool:
@@ -876,10 +880,6 @@ def _series_present(layout: _Layout, patches: list[Path]) -> bool:
             _git(layout.toplevel, "worktree", "prune", check=False)
 
 
-def _already_applied_message(repo: Path) -> str:
-    return f"the series is already applied to {repo}; nothing to do"
-
-
 def check(repo: Path, patches_dir: Path | None = None) -> tuple[bool, str]:
     """Whether the series applies to the git checkout at ``repo``; nothing there changes.
 
@@ -891,8 +891,6 @@ def check(repo: Path, patches_dir: Path | None = None) -> tuple[bool, str]:
     if isinstance(prepared, str):
         return False, prepared
     layout, patches = prepared
-    if _series_present(layout, patches):
-        return False, _already_applied_message(repo)
     with tempfile.TemporaryDirectory(prefix="sglang-futuremap-check-") as tmp:
         wt = Path(tmp) / "worktree"
         added = _git(layout.toplevel, "worktree", "add", "-q", "--detach", str(wt), "HEAD",
@@ -914,8 +912,6 @@ def apply(repo: Path, patches_dir: Path | None = None) -> tuple[bool, str]:
     if isinstance(prepared, str):
         return False, prepared
     layout, patches = prepared
-    if _series_present(layout, patches):
-        return False, _already_applied_message(repo)
     ok, out = _am(layout.toplevel, layout, patches)
     if not ok:
         return False, out + f"\nnothing was applied (git am --abort restored {repo})"
