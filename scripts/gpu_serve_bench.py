@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -124,6 +125,25 @@ def boot_order(variants: Sequence[str], boot: int) -> list[str]:
     """Variants in the order boot ``boot`` starts them: alternating, so neither side always
     gets the first (cold) slot."""
     return list(variants) if boot % 2 == 0 else list(reversed(variants))
+
+
+#: Port distance between servers that run at the same time (``--gpus``): each server takes ports
+#: above its own (SGLang's NCCL / scheduler ports), and a boot's ports are ``10 * boot`` apart.
+SLOT_PORT_STRIDE = 500
+
+
+def placements(variants: Sequence[str], boot: int, gpus: Sequence[str]) -> list[list[tuple[str, str | None, int]]]:
+    """Boot ``boot``'s servers as waves run one after another: each wave a list of
+    (variant, GPU, port offset) that run at the same time, one per GPU. With one GPU (or none
+    named) every wave holds one server and no GPU is pinned: the sequential order of
+    :func:`boot_order`. With several, which GPU a variant gets moves on with the boot, so over
+    boots each side runs on each GPU (one card slower than the other does not favour a side)."""
+    order = boot_order(variants, boot)
+    if len(gpus) < 2:
+        return [[(v, None, 0)] for v in order]
+    waves = [order[i:i + len(gpus)] for i in range(0, len(order), len(gpus))]
+    return [[(v, gpus[(slot + boot) % len(gpus)], slot * SLOT_PORT_STRIDE) for slot, v in enumerate(wave)]
+            for wave in waves]
 
 
 def num_prompts(concurrency: int, rounds: int, floor: int) -> int:
@@ -478,15 +498,21 @@ def variant_env(variant: str, base: dict[str, str]) -> dict[str, str]:
 
 
 def run_server(variant: str, boot: int, target: str, draft: str | None, args: argparse.Namespace,
-               deadline: float, port: int) -> dict[str, Any]:
+               deadline: float, port: int, gpu: str | None = None) -> dict[str, Any]:
+    """One fresh server of ``variant`` and every ``--concurrency`` cell against it; with ``gpu``,
+    the server sees that GPU only (``CUDA_VISIBLE_DEVICES``)."""
     tag = f"{variant}-boot{boot}"
     log_path = args.out / "logs" / f"{tag}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = variant_env(variant, dict(os.environ))
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     server_base = upstream_env(env, args.upstream_site) if variant == "upstream" else env
     timeline_dir = args.out / "timeline" / tag if args.timeline else None
     argv = server_argv(target, draft, args.backend, port, args.server_arg, args.spec, args.model)
     run: dict[str, Any] = {"variant": variant, "boot": boot, "cells": {}, "error": None}
+    if gpu is not None:
+        run["gpu"] = gpu
     if variant == "upstream":
         run["sglang"] = child_env.site_sglang_version(args.upstream_site)
         if run["sglang"] is None:
@@ -607,7 +633,9 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
              f"{env['config']['backend']} {' '.join(env['config']['server_args'])}".rstrip()
              + f", dataset {env['config'].get('dataset', 'random-ids')}"
              + (f", model {env['config']['model_name']}" if "model_name" in env["config"] else "")
-             + (f", {env['config']['model'].split('; ')[-1]}" if "model" in env["config"] else ""),
+             + (f", {env['config']['model'].split('; ')[-1]}" if "model" in env["config"] else "")
+             + (f"; a boot's variants ran at the same time on GPUs {','.join(env['config']['gpus'])}, "
+                "the GPU of each side alternating with the boot" if env["config"].get("gpus") else ""),
              "",
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
@@ -674,6 +702,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "one request (its own default; the records before 2026-11-24)")
     p.add_argument("--server-arg", action="append", default=[], help="one more launch_server flag (repeatable)")
     p.add_argument("--first-boot", type=int, default=0, help="index of the first boot (to alternate across calls)")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="run a boot's variants at the same time, one per GPU (2: stock and patched side by side "
+                        "on a two-GPU machine; the GPU each side gets alternates with the boot); default 1: one "
+                        "server after another")
     p.add_argument("--budget", type=float, default=540, help="seconds for the whole run; a cut-off is recorded")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--port", type=int, default=31200)
@@ -705,14 +737,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     target, draft = make_models(args.out / "models", args.model)
     doc = {"environment": environment(args), "runs": []}
     record = args.out / "serve-bench.json"
+    gpus = child_env.visible_gpus(args.gpus) if args.gpus > 1 else []
+    if args.gpus > 1 and len(gpus) < args.gpus:
+        print(f"error: --gpus {args.gpus} but only {len(gpus)} GPU(s) visible ({','.join(gpus)})", file=sys.stderr)
+        return 2
+    doc["environment"]["config"]["gpus"] = gpus or None
     for boot in range(args.first_boot, args.first_boot + args.boots):
-        for variant in boot_order(variants, boot):
-            print(f"== {variant}, boot {boot}", flush=True)
-            run = run_server(variant, boot, target, draft, args, deadline, args.port + 10 * boot)
-            doc["runs"].append(run)
+        for wave in placements(variants, boot, gpus):
+            for variant, gpu, _ in wave:
+                print(f"== {variant}, boot {boot}" + (f", GPU {gpu}" if gpu is not None else ""), flush=True)
+            with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+                futures = [pool.submit(run_server, variant, boot, target, draft, args, deadline,
+                                       args.port + 10 * boot + offset, gpu) for variant, gpu, offset in wave]
+                wave_runs = [f.result() for f in futures]
+            for run in wave_runs:
+                doc["runs"].append(run)
+                if run["error"]:
+                    print(f"   {run['variant']} boot {boot}: {run['error']}", flush=True)
             record.write_text(json.dumps(doc, indent=1) + "\n")
-            if run["error"]:
-                print(f"   {variant} boot {boot}: {run['error']}", flush=True)
     summary = summarize([r for r in doc["runs"] if r["cells"]])
     doc["summary"] = summary
     record.write_text(json.dumps(doc, indent=1) + "\n")

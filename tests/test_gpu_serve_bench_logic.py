@@ -658,8 +658,9 @@ def test_deepseek_record_names_its_model_and_gets_the_mirror_table(tmp_path: Pat
 def test_main_builds_and_records_the_model_it_is_told(tmp_path: Path, monkeypatch) -> None:
     calls = []
 
-    def fake_run_server(variant, boot, target, draft, args, deadline, port):
+    def fake_run_server(variant, boot, target, draft, args, deadline, port, gpu=None):
         calls.append((variant, target, draft, args.model))
+        assert gpu is None  # one GPU: no pinning
         return _run(variant, boot, 100, 10 if variant == "stock" else 8, 1000)
 
     monkeypatch.setattr(sb, "run_server", fake_run_server)
@@ -673,3 +674,64 @@ def test_main_builds_and_records_the_model_it_is_told(tmp_path: Path, monkeypatc
     assert config["range_ratio"] == 1.0  # fixed lengths unless --range-ratio says otherwise
     md = (out / "serve-bench.md").read_text()
     assert ", model deepseek, " in md and "Stock -> patched-mla-mirror" in md
+
+
+def test_two_gpus_run_each_boots_pair_at_once_and_alternate_the_cards(tmp_path: Path, monkeypatch) -> None:
+    # placement: one wave per boot with two GPUs, the card of each side moving on with the boot
+    assert sb.placements(["stock", "patched"], 0, []) == [[("stock", None, 0)], [("patched", None, 0)]]
+    assert sb.placements(["stock", "patched"], 0, ["0", "1"]) == [[("stock", "0", 0), ("patched", "1", sb.SLOT_PORT_STRIDE)]]
+    assert sb.placements(["stock", "patched"], 1, ["0", "1"]) == [[("patched", "1", 0), ("stock", "0", sb.SLOT_PORT_STRIDE)]]
+    three = sb.placements(["stock", "patched", "upstream"], 0, ["0", "1"])
+    assert [[v for v, _, _ in w] for w in three] == [["stock", "patched"], ["upstream"]]
+    import threading
+
+    started, overlap, lock = [], [], threading.Lock()
+    barrier = threading.Barrier(2, timeout=5)
+
+    def fake_run_server(variant, boot, target, draft, args, deadline, port, gpu=None):
+        with lock:
+            started.append((boot, variant, gpu, port))
+        barrier.wait()  # both servers of a boot are up at the same time, or this times out
+        overlap.append(boot)
+        return _run(variant, boot, 100, 10 if variant == "stock" else 8, 1000)
+
+    monkeypatch.setattr(sb, "run_server", fake_run_server)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    out = tmp_path / "out"
+    assert sb.main(["--out", str(out), "--variants", "stock,patched", "--boots", "2", "--gpus", "2",
+                    "--concurrency", "32", "--port", "30000"]) == 0
+    assert sorted(started) == [(0, "patched", "1", 30500), (0, "stock", "0", 30000),
+                               (1, "patched", "1", 30010), (1, "stock", "0", 30510)]
+    doc = json.loads((out / "serve-bench.json").read_text())
+    assert doc["environment"]["config"]["gpus"] == ["0", "1"] and len(doc["runs"]) == 4
+    assert "ran at the same time on GPUs 0,1" in (out / "serve-bench.md").read_text().splitlines()[0]
+    # more GPUs asked for than visible: one line, no run
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert sb.main(["--out", str(tmp_path / "o2"), "--gpus", "2", "--concurrency", "1"]) == 2
+
+
+def test_run_server_pins_its_gpu_and_records_it(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    envs = []
+
+    class Exited:
+        def __init__(self, argv, env=None, **kw):
+            envs.append(dict(env or {}))
+            self.pid, self.returncode = -1, 1
+
+        def poll(self) -> int:
+            return 1
+
+        def wait(self, timeout=None) -> int:
+            return 1
+
+    monkeypatch.setattr(sb.subprocess, "Popen", Exited)
+    monkeypatch.setattr(sb, "stop_group", lambda proc: None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    args = argparse.Namespace(out=tmp_path, timeline=False, upstream_site="none", backend="default", server_arg=[],
+                              concurrency=[1], spec="chain", model="8b")
+    run = sb.run_server("patched", 1, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=1, gpu="1")
+    assert run["gpu"] == "1" and envs[0]["CUDA_VISIBLE_DEVICES"] == "1"
+    run = sb.run_server("stock", 1, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=1)
+    assert "gpu" not in run and envs[2]["CUDA_VISIBLE_DEVICES"] == "0,1"
