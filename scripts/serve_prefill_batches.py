@@ -14,13 +14,24 @@ cells of both sides sorted by that size, and per concurrency a straight-line fit
 that size over every cell with each variant's mean residual: at equal shared prefills, is one
 side slower? Records made before ``prefill_bs_mean`` was part of
 ``ttft_breakdown`` get it from here.
+
+``--launches`` prints instead, per concurrency and variant over the same cells (measured
+requests only), how long ``run_batch`` holds the scheduler thread: steady decode launches and
+the first decode launch after a prefill (the launch, the host waits inside it, the launch less
+those waits, and for the first decode how often it stood between the prefill's end and its
+first tokens), prefill launches by how many requests they hold, and a prefill's launch end ->
+its result's processing (``launch_parts`` defines each figure).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import collections
 import io
+import itertools
 import json
+import re
 import statistics
 import sys
 import tarfile
@@ -64,35 +75,52 @@ def timelines(tar_path: Path) -> dict[str, list[dict[str, Any]]]:
     return by_run
 
 
-def prefill_batch_sizes(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """One row per boot and cell: variant, boot, concurrency, requests, mean prefill batch size,
-    TTFT p50 (ms)."""
+#: Per cell of one run, in order: concurrency, the recv events of its warm-up, of its measured requests.
+Cells = list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]]
+
+
+def split_cells(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]
+                ) -> list[tuple[dict[str, Any], list[dict[str, Any]], Cells]]:
+    """Per run of the record whose timeline holds every arrival: the run, its events and, per cell
+    it ran (in order), the ``recv`` events of its warm-up and of its measured requests."""
     if record["environment"].get("variant_note"):
         # Variants renamed after the run: the timeline folders carry the names they ran under.
         print("serve_prefill_batches: a record whose variants were renamed after the run is left out "
               f"({record['environment']['variant_note'][:60]}...)", file=sys.stderr)
         return []
     sizes = cell_sizes(record["environment"]["config"])
-    rows = []
+    out = []
     for run in record["runs"]:
         events = by_run.get(f"{run['variant']}-boot{run['boot']}")
         if not events:
             continue
+        recv = [e for e in events if e["kind"] == "recv"]
+        ran = [s for s in sizes if s[0] in run["cells"]]
+        total = sum(w + n for _, w, n in ran)
+        if len(recv) < total:
+            continue  # a cut-off run: the arrival order cannot be split into its cells
+        recv = recv[len(recv) - total:]
+        cells: Cells = []
+        i = 0
+        for c, warm, n in ran:
+            cells.append((c, recv[i:i + warm], recv[i + warm:i + warm + n]))
+            i += warm + n
+        out.append((run, events, cells))
+    return out
+
+
+def prefill_batch_sizes(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per boot and cell: variant, boot, concurrency, requests, mean prefill batch size,
+    TTFT p50 (ms)."""
+    rows = []
+    for run, events, cells in split_cells(record, by_run):
         bs_of: dict[str, int] = {}
         for e in events:
             if e["kind"] == "run" and e["extend"]:
                 for rid in e.get("rids") or ():
                     bs_of.setdefault(rid, e["bs"])
-        recv = [e["rid"] for e in events if e["kind"] == "recv"]
-        ran = [s for s in sizes if s[0] in run["cells"]]
-        total = sum(w + n for _, w, n in ran)
-        if len(recv) < total:
-            continue  # a cut-off run: the arrival order cannot be split into its cells
-        rids = recv[len(recv) - total:]
-        i = 0
-        for c, warm, n in ran:
-            measured = [bs_of[r] for r in rids[i + warm:i + warm + n] if r in bs_of]
-            i += warm + n
+        for c, _, arrivals in cells:
+            measured = [bs_of[e["rid"]] for e in arrivals if e["rid"] in bs_of]
             if measured:
                 rows.append({"variant": run["variant"], "boot": run["boot"], "concurrency": int(c),
                              "requests": len(measured), "prefill_bs_mean": round(statistics.fmean(measured), 2),
@@ -143,12 +171,218 @@ def fit_table(fits: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- --launches
+
+
+#: A stack sample in one of these frames means Triton was compiling a kernel during that launch,
+#: or loading one from its cache for the first time (both run ``compile``): its compiler stages,
+#: the code generator, the launcher's C build, or a child process (ptxas). ``compiler.py`` also
+#: holds ``launch_metadata``, which runs on every launch: not listed.
+COMPILING = re.compile(r"^(?:compiler\.py:\d+ (?:compile|<lambda>|make_\w+)|code_generator\.py:|build\.py:|subprocess\.py:)")
+#: Prefill launches by how many requests they hold: (smallest, largest, label).
+PREFILL_BUCKETS = ((1, 3, "1-3"), (4, 8, "4-8"), (9, 16, "9-16"), (17, 1 << 30, "17+"))
+
+
+def _within(kind_events: list[dict[str, Any]], starts: list[float], t0: float, t1: float) -> list[dict[str, Any]]:
+    """The events of one kind (sorted by start; ``starts`` their start times) starting in [t0, t1)."""
+    return kind_events[bisect.bisect_left(starts, t0):bisect.bisect_left(starts, t1)]
+
+
+def _results(runs: list[dict[str, Any]], procs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The result processing of each launch (index into ``runs``). SGLang's overlap loop keeps
+    launched batches in a queue and processes their results in launch order, so the oldest
+    launch not yet processed owns the next ``proc`` of its forward mode and size; a ``proc``
+    that does not match it belongs to a launch the timeline did not see (the first one, which
+    installs the probe) and is skipped."""
+    out: dict[int, dict[str, Any]] = {}
+    queue: collections.deque[int] = collections.deque()
+    k = 0
+    for p in procs:
+        while k < len(runs) and runs[k]["t1"] <= p["t"]:
+            queue.append(k)
+            k += 1
+        if queue and (runs[queue[0]]["mode"], runs[queue[0]]["bs"]) == (p["mode"], p["bs"]):
+            out[queue.popleft()] = p
+    return out
+
+
+def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict[str, Any]:
+    """Per launch of one server's timeline that starts in [t_lo, t_hi), what the ``--launches``
+    figures are made of (seconds).
+
+    ``steady``: each decode launch whose previous launch was not a prefill: its ``run_batch``
+    time, the host waits inside it (the probe's ``sync`` events starting within it: blocking
+    calls of 0.3 ms or more, ``sched_timeline.SYNC_MIN_S``) by site, the waits between its end
+    and the next launch, and the time to the next launch's start. ``first``: each decode launch
+    right after a prefill, with its waits and ``exposed``, below. ``prefill``: (requests, launch
+    time) per prefill. ``to_result``: per prefill, its launch's end -> the start of its result's
+    processing, the launches in between (in the overlap loop, at least the next one) and whether
+    the next launch is another prefill. ``compiled``: launches left out because Triton compiled
+    (or first loaded) a kernel during them (``COMPILING``; a prefill's to_result also when a
+    launch in between did): they come from the first use of a shape, not from either side's
+    code, and take up to hundreds of ms. The probe samples only prefills and the launch after
+    one, so a steady decode is never left out (about 1% of them take over 30 ms, too few to move
+    a median).
+
+    ``exposed``, a proxy: the prefill's result processing (after the first decode's launch)
+    recorded no host wait. Then the prefill's GPU work had finished by the time the host got to
+    it, and the first decode's launch time stood between the prefill's end and its first tokens.
+    With a wait, the host got there early and the launch was hidden behind the prefill's GPU
+    work. Waits under 0.3 ms are not recorded, and ``exposed`` does not say how much of the
+    launch stood in the way (that needs the GPU's own end of the prefill): a GPU run should
+    record ``copy_done.query()`` at the launch's end to tell it exactly."""
+    runs = [e for e in events if e["kind"] == "run"]
+    procs = [e for e in events if e["kind"] == "proc"]
+    syncs = [e for e in events if e["kind"] == "sync"]
+    samples = [e for e in events if e["kind"] == "sample"]
+    sync_t, sample_t = [e["t"] for e in syncs], [e["t"] for e in samples]
+    result = _results(runs, procs)
+
+    def waits(t0: float, t1: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for e in _within(syncs, sync_t, t0, t1):
+            site = f'{e["what"]} @ {e["where"]}'
+            out[site] = out.get(site, 0.0) + e["t1"] - e["t"]
+        return out
+
+    def compiled(run: dict[str, Any]) -> bool:
+        return any(COMPILING.match(f) for e in _within(samples, sample_t, run["t"], run["t1"]) for f in e["stack"])
+
+    out: dict[str, Any] = {"steady": [], "first": [], "prefill": [], "to_result": [],
+                           "compiled": {"first": 0, "prefill": 0}}
+    for i, run in enumerate(runs):
+        if not t_lo <= run["t"] < t_hi:
+            continue
+        nxt = runs[i + 1] if i + 1 < len(runs) else None
+        if run["extend"]:
+            if compiled(run):
+                out["compiled"]["prefill"] += 1
+                continue
+            out["prefill"].append((run["bs"], run["t1"] - run["t"]))
+            proc = result.get(i)
+            between = [] if proc is None else list(itertools.takewhile(lambda r: r["t"] < proc["t"], runs[i + 1:]))
+            if proc is not None and not any(compiled(r) for r in between):
+                out["to_result"].append({"gap": proc["t"] - run["t1"], "launches": sum(r["t1"] - r["t"] for r in between),
+                                         "next_prefill": bool(between) and between[0]["extend"]})
+        elif run["mode"] == "DECODE" and i > 0 and runs[i - 1]["extend"]:
+            if compiled(run):
+                out["compiled"]["first"] += 1
+                continue
+            proc = result.get(i - 1)
+            out["first"].append({"launch": run["t1"] - run["t"], "waits": waits(run["t"], run["t1"]),
+                                 "exposed": None if proc is None else not waits(proc["t"], proc["t1"])})
+        elif run["mode"] == "DECODE" and i > 0:
+            out["steady"].append({"launch": run["t1"] - run["t"], "waits": waits(run["t"], run["t1"]),
+                                  "between": None if nxt is None else waits(run["t1"], nxt["t"]),
+                                  "period": None if nxt is None else nxt["t"] - run["t"]})
+    return out
+
+
+def _ms(values: list[float]) -> float | None:
+    return round(statistics.median(values) * 1e3, 2) if values else None
+
+
+def _wait_figures(launches: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Median of each launch's summed waits under ``key`` and the site that waited longest over
+    all of them, with its mean per launch (ms)."""
+    have = [x[key] for x in launches if x[key] is not None]
+    sites: dict[str, float] = {}
+    for w in have:
+        for site, s in w.items():
+            sites[site] = sites.get(site, 0.0) + s
+    top = max(sites, key=sites.__getitem__) if sites else None
+    return {f"{key}_ms": _ms([sum(w.values()) for w in have]),
+            f"{key}_top": top, f"{key}_top_ms_per_launch": round(sites[top] * 1e3 / len(have), 2) if top else None}
+
+
+def summarise(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pool ``launch_parts`` of several servers (one side, one concurrency) into medians (ms).
+    ``net_ms`` is the median over launches of (launch - waits inside it), not the difference of
+    the two medians."""
+    steady = [x for p in parts for x in p["steady"]]
+    first = [x for p in parts for x in p["first"]]
+    prefill = [x for p in parts for x in p["prefill"]]
+    known = [x["exposed"] for x in first if x["exposed"] is not None]
+    to_result = [x for p in parts for x in p["to_result"]]
+    return {
+        "steady": {"launches": len(steady), "launch_ms": _ms([x["launch"] for x in steady]), **_wait_figures(steady, "waits"),
+                   "net_ms": _ms([x["launch"] - sum(x["waits"].values()) for x in steady]),
+                   **_wait_figures(steady, "between"), "period_ms": _ms([x["period"] for x in steady if x["period"] is not None])},
+        "first": {"launches": len(first), "compiled": sum(p["compiled"]["first"] for p in parts),
+                  "launch_ms": _ms([x["launch"] for x in first]), **_wait_figures(first, "waits"),
+                  "net_ms": _ms([x["launch"] - sum(x["waits"].values()) for x in first]),
+                  "exposed": sum(known), "exposed_of": len(known)},
+        "prefill": {label: {"launches": len(d), "launch_ms": _ms(d)}
+                    for lo, hi, label in PREFILL_BUCKETS for d in [[s for bs, s in prefill if lo <= bs <= hi]]},
+        "prefill_compiled": sum(p["compiled"]["prefill"] for p in parts),
+        "to_result_ms": _ms([x["gap"] for x in to_result]),
+        "to_result_launches_ms": _ms([x["launches"] for x in to_result]),
+        "next_is_prefill": sum(x["next_prefill"] for x in to_result), "to_result_prefills": len(to_result),
+    }
+
+
+def launch_split(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """Per concurrency and variant over every (label, record, timelines) pair: the servers pooled
+    (``runs``: record label, variant, boot) and ``summarise`` of their measured requests' window
+    (first measured arrival -> the next cell's first arrival: the warm-up is left out)."""
+    pooled: dict[tuple[int, str], tuple[list[str], list[dict[str, Any]]]] = {}
+    for label, record, by_run in pairs:
+        for run, events, cells in split_cells(record, by_run):
+            starts = [(warm or measured)[0]["t"] for _, warm, measured in cells]
+            for k, (c, _, measured) in enumerate(cells):
+                if not measured:
+                    continue
+                t_hi = starts[k + 1] if k + 1 < len(starts) else float("inf")
+                names, parts = pooled.setdefault((int(c), run["variant"]), ([], []))
+                names.append(f"{label} {run['variant']} {run['boot']}")
+                parts.append(launch_parts(events, measured[0]["t"], t_hi))
+    return [{"concurrency": c, "variant": v, "runs": names, **summarise(parts)}
+            for (c, v), (names, parts) in sorted(pooled.items(), key=lambda kv: (kv[0][0], kv[0][1] != "stock", kv[0][1]))]
+
+
+def _cell(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.2f}"
+
+
+def _site(site: str | None, ms: float | None) -> str:
+    return "-" if site is None else f"{site} ({ms:.2f})"
+
+
+def launch_tables(rows: list[dict[str, Any]]) -> str:
+    """The ``launch_split`` rows as three tables: steady decodes, the first decode after a
+    prefill, prefills by size."""
+    steady = ["| concurrency | variant | servers | steady decodes | launch ms | waits inside ms | launch - waits ms "
+              "| longest wait inside (ms per launch) | waits until the next launch ms | longest wait there (ms per launch) "
+              "| launch to next launch ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    first = ["| concurrency | variant | first decodes after a prefill (Triton compile left out) | launch ms | waits inside ms "
+             "| launch - waits ms | longest wait inside (ms per launch) | exposed (proxy) |", "|---|---|---|---|---|---|---|---|"]
+    prefill = ["| concurrency | variant | " + " | ".join(f"{label} requests: prefills, launch ms" for *_, label in PREFILL_BUCKETS)
+               + " | Triton compile left out | prefill launch end -> its result processed ms | launches in between ms "
+               "| next launch a prefill |", "|---|---|" + "---|" * len(PREFILL_BUCKETS) + "---|---|---|---|"]
+    for r in rows:
+        head = f"| {r['concurrency']} | {r['variant']} "
+        s, f = r["steady"], r["first"]
+        steady.append(head + f"| {len(r['runs'])} | {s['launches']} | {_cell(s['launch_ms'])} | {_cell(s['waits_ms'])} "
+                      f"| {_cell(s['net_ms'])} | {_site(s['waits_top'], s['waits_top_ms_per_launch'])} "
+                      f"| {_cell(s['between_ms'])} | {_site(s['between_top'], s['between_top_ms_per_launch'])} "
+                      f"| {_cell(s['period_ms'])} |")
+        first.append(head + f"| {f['launches']} ({f['compiled']}) | {_cell(f['launch_ms'])} | {_cell(f['waits_ms'])} "
+                     f"| {_cell(f['net_ms'])} | {_site(f['waits_top'], f['waits_top_ms_per_launch'])} "
+                     f"| {f['exposed']} / {f['exposed_of']} |")
+        prefill.append(head + "| " + " | ".join(f"{b['launches']}, {_cell(b['launch_ms'])}" for b in r["prefill"].values())
+                       + f" | {r['prefill_compiled']} | {_cell(r['to_result_ms'])} | {_cell(r['to_result_launches_ms'])} "
+                       f"| {r['next_is_prefill']} / {r['to_result_prefills']} |")
+    return "\n".join(steady) + "\n\n" + "\n".join(first) + "\n\n" + "\n".join(prefill)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("pairs", nargs="+", type=Path, metavar="RECORD LOGS",
                    help="serve-bench.json of a --timeline run and its serve-logs.tar.gz; several pairs are pooled")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    p.add_argument("--launches", action="store_true",
+                   help="instead: per concurrency and variant, how long decode and prefill launches hold the scheduler thread")
     args = p.parse_args(argv)
     if len(args.pairs) % 2:
         print("serve_prefill_batches: give a record and its logs, pair by pair", file=sys.stderr)
@@ -157,13 +391,19 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             print(f"serve_prefill_batches: no such file: {path}", file=sys.stderr)
             return 2
-    rows = []
-    for record, logs in zip(args.pairs[::2], args.pairs[1::2]):
-        rows.extend(prefill_batch_sizes(json.loads(record.read_text()), timelines(logs)))
+    # Read pair by pair, as the rows are made (each record's own messages follow its logs').
+    pairs = ((path, json.loads(path.read_text()), timelines(logs)) for path, logs in zip(args.pairs[::2], args.pairs[1::2]))
+    if args.launches:
+        rows = launch_split([(str(path.parent), record, by_run) for path, record, by_run in pairs])
+    else:
+        rows = [row for _, record, by_run in pairs for row in prefill_batch_sizes(record, by_run)]
     if not rows:
         print("serve_prefill_batches: no timeline in these logs matches the record's runs (a --timeline run?)",
               file=sys.stderr)
         return 1
+    if args.launches:
+        print(json.dumps({"launches": rows}, indent=1) if args.json else launch_tables(rows))
+        return 0
     fits = fit(rows)
     print(json.dumps({"cells": rows, "fits": fits}, indent=1) if args.json else table(rows) + "\n\n" + fit_table(fits))
     return 0

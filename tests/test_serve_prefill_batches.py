@@ -109,3 +109,140 @@ def test_main_pools_pairs_and_says_what_is_wrong(tmp_path: Path, capsys) -> None
     assert out.count("| 2 | stock 0 | 4 | 2.5 | 10.0 |") == 2  # both pairs pooled
     empty = _tar(tmp_path / "e.tar.gz", {"other.txt": b"x"})
     assert spb.main([str(rec), str(empty)]) == 1
+
+
+# ----------------------------------------------------------------------------- --launches
+
+def _ms(t: float) -> float:
+    return t / 1e3
+
+
+def _run(t: float, t1: float, mode: str, bs: int) -> dict:
+    return {"kind": "run", "t": _ms(t), "t1": _ms(t1), "mode": mode, "extend": mode == "EXTEND", "bs": bs}
+
+
+def _proc(t: float, t1: float, mode: str, bs: int) -> dict:
+    return {"kind": "proc", "t": _ms(t), "t1": _ms(t1), "mode": mode, "extend": mode == "EXTEND", "bs": bs}
+
+
+def _sync(t: float, t1: float, where: str) -> dict:
+    return {"kind": "sync", "t": _ms(t), "t1": _ms(t1), "what": "synchronize", "where": where}
+
+
+def _sample(t: float, leaf: str) -> dict:
+    return {"kind": "sample", "t": _ms(t), "dt": 1e-3, "phase": "next", "stack": [leaf, "jit.py:1 run"]}
+
+
+def _overlap_loop() -> list[dict]:
+    """One server, times in ms, in the overlap loop's order: launch i, then process result i - 1."""
+    D, P = "DECODE", "EXTEND"
+    ev = [
+        _run(2, 8, D, 4), _proc(8.5, 9, P, 1),  # a result of a launch before the probe: skipped
+        _run(10, 16, D, 4), _sync(11, 13, "relay"), _sync(14, 14.5, "item"), _proc(16.5, 17, D, 4), _sync(17, 20, "verify"),  # steady
+        _run(21, 25, D, 4), _proc(25, 26, D, 4),  # steady, no wait
+        _run(30, 55, P, 5), _proc(55, 56, D, 4),
+        _run(58, 64, D, 4), _sample(60, "compiler.py:9 launch_metadata"),  # first decode: every launch runs that
+        _proc(65, 70, P, 5), _sync(65, 68, "copy_done"),  # the prefill's result waited: its first decode was hidden
+        _run(72, 92, P, 2), _proc(92, 93, D, 4),
+        _run(94, 124, P, 20), _proc(124, 125, P, 2),  # a prefill right after a prefill
+        _run(126, 131, D, 4), _sync(127, 128, "x"),  # first decode, 1 ms wait inside
+        _proc(132, 133, P, 20),  # no wait: that first decode stood in the way
+        _run(140, 160, P, 9), _proc(160, 161, D, 4),
+        _run(162, 200, D, 4), _sample(170, "compiler.py:3 make_llir"),  # Triton compiled: left out
+        _proc(201, 202, P, 9),
+        _run(300, 320, P, 3),  # after the window
+    ]
+    return sorted(ev, key=lambda e: e["t"])
+
+
+def test_launch_parts_split_steady_and_first_decodes_prefills_and_the_way_to_the_result() -> None:
+    parts = spb.launch_parts(_overlap_loop(), _ms(5), _ms(250))
+    ms = lambda x: round(x * 1e3, 6)  # noqa: E731
+    assert [(ms(x["launch"]), {k: ms(v) for k, v in x["waits"].items()}, {k: ms(v) for k, v in x["between"].items()},
+             ms(x["period"])) for x in parts["steady"]] == [
+        (6, {"synchronize @ relay": 2, "synchronize @ item": 0.5}, {"synchronize @ verify": 3}, 11), (4, {}, {}, 9)]
+    assert [(ms(x["launch"]), {k: ms(v) for k, v in x["waits"].items()}, x["exposed"]) for x in parts["first"]] == [
+        (6, {}, False), (5, {"synchronize @ x": 1}, True)]
+    assert parts["compiled"] == {"first": 1, "prefill": 0}
+    assert [(bs, ms(s)) for bs, s in parts["prefill"]] == [(5, 25), (2, 20), (20, 30), (9, 20)]
+    # the prefill of 9 is left out: the launch before its result compiled
+    assert [(ms(x["gap"]), ms(x["launches"]), x["next_prefill"]) for x in parts["to_result"]] == [
+        (10, 6, False), (32, 30, True), (8, 5, False)]
+
+
+def test_summarise_pools_servers_into_medians() -> None:
+    s = spb.summarise([spb.launch_parts(_overlap_loop(), _ms(5), _ms(250))])
+    assert s["steady"] == {"launches": 2, "launch_ms": 5.0, "waits_ms": 1.25, "waits_top": "synchronize @ relay",
+                           "waits_top_ms_per_launch": 1.0, "net_ms": 3.75, "between_ms": 1.5,
+                           "between_top": "synchronize @ verify", "between_top_ms_per_launch": 1.5, "period_ms": 10.0}
+    assert s["first"] == {"launches": 2, "compiled": 1, "launch_ms": 5.5, "waits_ms": 0.5, "waits_top": "synchronize @ x",
+                          "waits_top_ms_per_launch": 0.5, "net_ms": 5.0, "exposed": 1, "exposed_of": 2}
+    assert s["prefill"] == {"1-3": {"launches": 1, "launch_ms": 20.0}, "4-8": {"launches": 1, "launch_ms": 25.0},
+                            "9-16": {"launches": 1, "launch_ms": 20.0}, "17+": {"launches": 1, "launch_ms": 30.0}}
+    assert (s["to_result_ms"], s["to_result_launches_ms"], s["next_is_prefill"], s["to_result_prefills"]) == (10.0, 6.0, 1, 3)
+    edges = {"steady": [], "first": [], "to_result": [], "compiled": {"first": 0, "prefill": 2},
+             "prefill": [(3, 0.01), (4, 0.02), (8, 0.04), (9, 0.03), (16, 0.05), (17, 0.06)]}
+    b = spb.summarise([edges, edges])
+    assert {k: v["launches"] for k, v in b["prefill"].items()} == {"1-3": 2, "4-8": 4, "9-16": 4, "17+": 2}
+    assert b["prefill"]["4-8"]["launch_ms"] == 30.0 and b["prefill_compiled"] == 4
+    assert b["steady"]["launch_ms"] is None and b["first"]["exposed_of"] == 0 and b["to_result_ms"] is None
+
+
+def test_launches_mode_reads_only_measured_requests_per_cell(tmp_path: Path, capsys) -> None:
+    # cell 2: warm-up [w1, w2], then prefills of 1 and 3; cell 4: warm-up of 4, then one of 8
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 10.0, "4": 40.0})])))
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events(
+        [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]])}})
+    assert spb.main(["--launches", "--json", str(rec), str(logs)]) == 0
+    rows = json.loads(capsys.readouterr().out)["launches"]
+    assert [(r["concurrency"], r["variant"], r["runs"]) for r in rows] == [
+        (2, "stock", [f"{tmp_path} stock 0"]), (4, "stock", [f"{tmp_path} stock 0"])]
+    assert {k: v["launches"] for k, v in rows[0]["prefill"].items()} == {"1-3": 2, "4-8": 0, "9-16": 0, "17+": 0}
+    assert {k: v["launches"] for k, v in rows[1]["prefill"].items()} == {"1-3": 0, "4-8": 1, "9-16": 0, "17+": 0}
+    assert rows[0]["first"]["launches"] == 2 and rows[0]["first"]["exposed_of"] == 0  # no result processing recorded
+    assert spb.main(["--launches", str(rec), str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | stock | 1 | 0 | - |" in out and "| 2 | stock | 2 (0) | 1.00 |" in out and "| 4 | stock | 0, - | 1, 1.00 |" in out
+
+
+def test_default_output_is_unchanged_by_the_launches_mode(tmp_path: Path, capsys) -> None:
+    # The expected text is what the script printed before --launches existed, on the same input.
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 10.0, "4": 40.0}), ("patched", 1, {"2": 11.0, "4": 30.0}),
+                                       ("stock", 2, {"2": 12.0, "4": 35.0})])))
+    logs = _tar(tmp_path / "l.tar.gz", {
+        "timeline/stock-boot0/timeline-1.json": {"events": _events(
+            [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]])},
+        "timeline/patched-boot1/timeline-2.json": {"events": _events(
+            [["w1", "w2"], ["a", "b"], ["c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(4)], [f"t{i}" for i in range(4)]])},
+        "timeline/stock-boot2/timeline-3.json": {"events": _events(
+            [["w1", "w2"], ["a", "b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(2)], [f"t{i}" for i in range(6)]])},
+    })
+    assert spb.main([str(rec), str(logs)]) == 0
+    assert capsys.readouterr().out == "\n".join([
+        "| concurrency | variant, boot | requests | mean prefill batch (requests) | TTFT p50 ms |",
+        "|---|---|---|---|---|",
+        "| 2 | patched 1 | 4 | 2.0 | 11.0 |",
+        "| 2 | stock 0 | 4 | 2.5 | 10.0 |",
+        "| 2 | stock 2 | 4 | 4.0 | 12.0 |",
+        "| 4 | patched 1 | 8 | 4.0 | 30.0 |",
+        "| 4 | stock 2 | 8 | 5.0 | 35.0 |",
+        "| 4 | stock 0 | 8 | 8.0 | 40.0 |",
+        "",
+        "| concurrency | cells | TTFT p50 = a + b x batch: b (ms per request) | a (ms) | r | mean residual per variant (ms) "
+        "| mean prefill batch per variant |",
+        "|---|---|---|---|---|---|---|",
+        "| 2 | 3 | 0.7 | 9.0 | 0.721 | patched +0.6, stock -0.3 | patched 2.0, stock 3.2 |",
+        "| 4 | 3 | 2.3 | 21.9 | 0.961 | patched -1.2, stock +0.6 | patched 4.0, stock 6.5 |",
+        ""])
+    cell = lambda v, b, c, n, m, t: {"variant": v, "boot": b, "concurrency": c, "requests": n,  # noqa: E731
+                                     "prefill_bs_mean": m, "ttft_p50_ms": t}
+    fit = lambda c, b, a, r, res, bs: {"concurrency": c, "cells": 3, "ms_per_request_in_batch": b, "intercept_ms": a,  # noqa: E731
+                                       "r": r, "mean_residual_ms": res, "mean_prefill_bs": bs}
+    assert spb.main(["--json", str(rec), str(logs)]) == 0
+    assert capsys.readouterr().out == json.dumps({
+        "cells": [cell("stock", 0, 2, 4, 2.5, 10.0), cell("stock", 0, 4, 8, 8.0, 40.0), cell("patched", 1, 2, 4, 2.0, 11.0),
+                  cell("patched", 1, 4, 8, 4.0, 30.0), cell("stock", 2, 2, 4, 4.0, 12.0), cell("stock", 2, 4, 8, 5.0, 35.0)],
+        "fits": [fit(2, 0.7, 9.0, 0.721, {"patched": 0.6, "stock": -0.3}, {"patched": 2.0, "stock": 3.2}),
+                 fit(4, 2.3, 21.9, 0.961, {"patched": -1.2, "stock": 0.6}, {"patched": 4.0, "stock": 6.5})]}, indent=1) + "\n"
