@@ -353,11 +353,19 @@ API_COLS = (("median_ttft_ms", "client TTFT p50"), ("sched_api_total_ms", "API s
             ("sched_sched_to_api_ms", "first tokens sent -> API server"),
             ("sched_api_loop_lag_ms", "API server loop lag (mean)"))
 
+#: The GPU side of prefill launches (``--timeline`` on CUDA, ``sched_timeline.gpu_breakdown``;
+#: records from before have none).
+GPU_COLS = (("sched_prefill_gpu_ms", "prefill GPU ms"), ("sched_prefill_gpu_gap_ms", "GPU idle before a prefill ms"),
+            ("sched_prefill_host_bound", "prefills host-bound (share)"), ("sched_next_gpu_ms", "next batch GPU ms"),
+            ("sched_first_decode_exposed", "first decodes exposed (share)"),
+            ("sched_next_prefill_exposed", "next prefills exposed (share)"))
+
 
 def format_sched_table(summary: dict[str, Any], cols: Sequence[tuple[str, str]] = SCHED_COLS) -> str:
     """Markdown: the scheduler's part of TTFT per concurrency (``--timeline``), stock -> patched
     medians over boots, ms; empty when no run has it. ``cols=API_COLS``: the parts outside the
-    scheduler (empty when no run has the API server's events)."""
+    scheduler (empty when no run has the API server's events); ``cols=GPU_COLS``: the GPU side of
+    prefill launches (empty when no run has GPU fields)."""
     stock, patched = summary["variants"].get("stock", {}), summary["variants"].get("patched", {})
     # A row needs a value of its own table: API_COLS repeats the client's TTFT and the
     # scheduler's total, which records without the API server's events have too.
@@ -662,6 +670,10 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
     if outside:
         lines += ["", "Outside the scheduler (`--timeline`, the API server's own timestamps of each request; ms, "
                   "median over requests, then over boots):", "", outside]
+    gpu = format_sched_table(summary, GPU_COLS)
+    if gpu:
+        lines += ["", "The GPU side of prefill launches (`--timeline` on CUDA: CUDA events on the forward stream; "
+                  "median or share over launches, then median over boots):", "", gpu]
     return "\n".join(lines) + "\n"
 
 
@@ -711,7 +723,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=31200)
     p.add_argument("--timeline", action="store_true",
                    help="record the scheduler timeline (scripts/gpu_probe/sched_timeline.py) and split each "
-                        "cell's TTFT inside the scheduler (cells' 'sched'); both sides alike")
+                        "cell's TTFT inside the scheduler (cells' 'sched'; on CUDA also the GPU side of prefill "
+                        "launches, from CUDA events); both sides alike")
     p.add_argument("--merge", nargs="+", type=Path, help="print the summary of these records instead")
     p.add_argument("--plot", type=Path, help="with --merge: also write an SVG of the ratios there")
     args = p.parse_args(argv)

@@ -312,6 +312,209 @@ def test_timeline_probe_wraps_the_methods_sglangs_scheduler_has(sglang_loaded, t
     events = st.load_events([str(p) for p in tmp_path.glob("timeline-*.json")])
     split = st.ttft_breakdown(events)
     assert split["requests"] == 2 and split["total_ms"] >= split["between_ms"] >= split["next_launch_ms"] >= 0
+    # No CUDA here (and the stand-in batches name no device): no GPU fields, no GPU figures.
+    assert st.launch_stream(sched, SimpleNamespace(device="cuda")) is None
+    assert not any(k in e or e["kind"] == "gpu" for e in events for k in GPU_FIELDS) and "prefill_gpu_ms" not in split
+
+
+GPU_FIELDS = ("host_bound", "prev_prefill_done")
+
+
+class FakeGpu:
+    """One CUDA stream in ms: ``now`` is how far the GPU has got, ``tail`` where the work queued
+    so far ends. Its events complete when the GPU passes them; nothing here can wait, and only
+    the scheduler thread may touch them (``thread``)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.now = 0.0
+        self.tail = 0.0
+        self.thread = threading.get_ident()
+
+    def queue(self, ms: float) -> None:
+        self.tail = max(self.tail, self.now) + ms
+
+    def event(self) -> "FakeEvent":
+        return FakeEvent(self)
+
+
+class FakeEvent:
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu, self.t = gpu, None
+
+    def _on_scheduler_thread(self) -> None:
+        import threading
+
+        assert threading.get_ident() == self.gpu.thread, "a CUDA call off the scheduler thread"
+
+    def record(self, stream=None) -> None:
+        self._on_scheduler_thread()
+        assert stream == "forward"  # the scheduler's forward stream, not the current one
+        self.t = self.gpu.tail = max(self.gpu.tail, self.gpu.now)  # an idle stream reaches it at once
+
+    def query(self) -> bool:
+        self._on_scheduler_thread()
+        return self.t is not None and self.t <= self.gpu.now
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        assert self.query() and end.query(), "CUDA refuses the time of an event still in flight"
+        return end.t - self.t
+
+    def synchronize(self) -> None:
+        raise AssertionError("the probe must never wait on the GPU")
+
+
+def test_timeline_probe_times_prefills_on_the_gpu_without_waiting(sglang_loaded, tmp_path: Path, monkeypatch) -> None:
+    """On CUDA the probe records events on the forward stream around a prefill and the launch after
+    it, and an end event after every launch. Before a later launch it turns those whose end event
+    is done (never before, never by waiting) into ``gpu`` events: GPU ms and the stream's idle
+    time before the launch; ``host_bound`` and ``prev_prefill_done`` are the GPU's progress when
+    the host's launch ended."""
+    import inspect
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler import Scheduler as Real
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang_futuremap_patch.backports import publish_stash
+
+    # Where the forward and its result copy (copy_done) go: stock's overlap branch and the plugin's.
+    for launch in (Real.run_batch, publish_stash.forward_spec_v2_overlap):
+        src = inspect.getsource(launch)
+        assert "with self.forward_stream_ctx:" in src and "batch_result.copy_done = " in src
+
+    gpu = FakeGpu()
+    monkeypatch.setattr(st, "_has_cuda", lambda: True)
+    monkeypatch.setattr(st, "gpu_event", gpu.event)
+
+    class Scheduler:
+        enable_overlap, forward_stream = True, "forward"
+
+        def process_input_requests(self, recv_reqs):
+            pass
+
+        def run_batch(self, batch):
+            """The batch's GPU work is queued; the GPU runs on to ``batch.gpu_at`` meanwhile."""
+            gpu.queue(batch.gpu_ms)
+            copy_done = gpu.event()
+            if batch.copied:
+                copy_done.record("forward")
+            else:  # torch's unrecorded event: no handle, and it reads as done
+                copy_done = SimpleNamespace(cuda_event=0, query=lambda: True)
+            gpu.now = batch.gpu_at
+            return SimpleNamespace(copy_done=copy_done)
+
+        def process_batch_result(self, batch, result):
+            pass
+
+    def batch(mode, gpu_ms: float, gpu_at: float, copied: bool = True):
+        return SimpleNamespace(forward_mode=mode, reqs=[SimpleNamespace(rid="a")], device="cuda",
+                               gpu_ms=gpu_ms, gpu_at=gpu_at, copied=copied)
+
+    tl = st.Timeline(str(tmp_path))
+    sched = Scheduler()
+    tl.on_run_batch(SimpleNamespace(f_locals={"self": sched}))
+    E, D = ForwardMode.EXTEND, ForwardMode.DECODE
+
+    def timed() -> dict[float, dict]:
+        return {e["t"]: e for e in tl.events if e["kind"] == "gpu"}
+
+    def runs() -> list[dict]:
+        return [e for e in tl.events if e["kind"] == "run"]
+
+    sched.run_batch(batch(D, 5, 0))  # a steady decode: GPU 0-5 ms, an end event only
+    gpu.now = 7  # the stream idles 5-7 ms
+    sched.run_batch(batch(E, 20, 10))  # prefill: GPU 7-27; the GPU started it before the host was done
+    sched.run_batch(batch(D, 6, 10))  # first decode: GPU 27-33, queued while the prefill still ran
+    steady, prefill, first = tl.events
+    assert not any(k in steady for k in GPU_FIELDS)
+    assert prefill["host_bound"] is True and "prev_prefill_done" not in prefill
+    assert first["host_bound"] is False and first["prev_prefill_done"] is False  # hidden behind the prefill
+    assert timed() == {} and len(tl.pending) == 2  # nothing done yet: nothing resolved
+    gpu.now = 30
+    sched.run_batch(batch(D, 2, 30))  # a steady decode (GPU 33-35) resolves the prefill, not the decode
+    assert timed() == {prefill["t"]: {"kind": "gpu", "t": prefill["t"], "gpu_ms": 20, "gpu_gap_ms": 2}}
+    # The stream idles 35-42 before the next prefill, and from the end of its 10 ms (52) to the
+    # host's end of launch (60): a host-bound launch's gpu_ms runs to its host end. The decode
+    # after it ended its launch with the prefill's result on the host: exposed.
+    gpu.now = 42
+    sched.run_batch(batch(E, 10, 60))
+    sched.run_batch(batch(D, 5, 62))
+    prefill2, first2 = runs()[-2:]
+    assert prefill2["host_bound"] is True and first2["prev_prefill_done"] is True
+    assert timed()[first["t"]]["gpu_ms"] == 6 and timed()[first["t"]]["gpu_gap_ms"] == 0
+    assert timed()[prefill2["t"]]["gpu_ms"] == 18 and timed()[prefill2["t"]]["gpu_gap_ms"] == 7
+    # A result whose copy_done was never recorded gives no exposure.
+    gpu.now = 65
+    sched.run_batch(batch(E, 1, 70, copied=False))
+    sched.run_batch(batch(D, 1, 75))
+    sched.run_batch(batch(D, 1, 80))
+    assert "prev_prefill_done" not in runs()[-2] and not tl.pending
+    tl.flush()
+    split = st.ttft_breakdown(st.load_events([str(p) for p in tmp_path.glob("timeline-*.json")]))
+    assert split["gpu_prefills"] == 3 and split["prefill_gpu_ms"] == 18 and split["prefill_gpu_gap_ms"] == 2
+    assert split["next_gpu_ms"] == 5 and split["prefill_host_bound"] == 1.0 and split["first_decode_exposed"] == 0.5
+    # A failing GPU call turns GPU timing off and says so; the launches go on being recorded.
+    monkeypatch.setattr(st, "gpu_event", lambda: 1 / 0)
+    sched.run_batch(batch(E, 1, 80))
+    sched.run_batch(batch(D, 1, 80))
+    assert tl.gpu_off and not tl.pending and any("ZeroDivisionError" in e for e in tl.errors)
+    assert tl.events[-2:] == runs()[-2:] and not any(k in e for e in runs()[-2:] for k in GPU_FIELDS)
+
+
+def test_gpu_breakdown_gives_medians_and_shares_and_old_records_read_as_before(tmp_path: Path) -> None:
+    """Three prefills (20, 10, 30 GPU ms; the third launched right after the second), two first
+    decodes, one of them exposed; the same events without the GPU side summarise exactly as
+    before."""
+    ms = 1e-3
+    old = [
+        {"kind": "recv", "t": 0.0, "rid": "a"},
+        {"kind": "run", "t": 1 * ms, "t1": 3 * ms, "mode": "EXTEND", "extend": True, "bs": 1, "rids": ["a"]},
+        {"kind": "run", "t": 3 * ms, "t1": 9 * ms, "mode": "DECODE", "extend": False, "bs": 1},
+        {"kind": "proc", "t": 9 * ms, "t1": 10 * ms, "mode": "EXTEND", "extend": True, "bs": 1},
+        {"kind": "recv", "t": 11 * ms, "rid": "b"},
+        {"kind": "run", "t": 12 * ms, "t1": 14 * ms, "mode": "EXTEND", "extend": True, "bs": 1, "rids": ["b"]},
+        {"kind": "run", "t": 14 * ms, "t1": 16 * ms, "mode": "EXTEND", "extend": True, "bs": 1, "rids": ["c"]},
+        {"kind": "run", "t": 16 * ms, "t1": 20 * ms, "mode": "DECODE", "extend": False, "bs": 1},
+        {"kind": "proc", "t": 20 * ms, "t1": 21 * ms, "mode": "EXTEND", "extend": True, "bs": 1},
+        {"kind": "proc", "t": 21 * ms, "t1": 22 * ms, "mode": "EXTEND", "extend": True, "bs": 1},
+    ]
+    # Per launch (by start): GPU ms, idle before it, host_bound, prev_prefill_done.
+    side = {1 * ms: (20.0, 2.0, True, None), 3 * ms: (6.0, 0.0, False, False), 12 * ms: (10.0, 7.0, True, None),
+            14 * ms: (30.0, 0.0, False, True), 16 * ms: (4.0, 0.0, False, True)}
+    events = []
+    for e in old:
+        if e["t"] in side and e["kind"] == "run":
+            gpu_ms, gap, host_bound, done = side[e["t"]]
+            e = dict(e, host_bound=host_bound, **({} if done is None else {"prev_prefill_done": done}))
+            events.append({"kind": "gpu", "t": e["t"], "gpu_ms": gpu_ms, "gpu_gap_ms": gap})
+        events.append(e)
+    events.sort(key=lambda e: e["t"])
+    split = st.ttft_breakdown(events)
+    assert {k: split[k] for k in ("gpu_prefills", "prefill_gpu_ms", "prefill_gpu_gap_ms", "next_gpu_ms")} == {
+        "gpu_prefills": 3, "prefill_gpu_ms": 20.0, "prefill_gpu_gap_ms": 2.0, "next_gpu_ms": 6.0}  # next: 6, 30, 4
+    assert split["prefill_host_bound"] == pytest.approx(2 / 3, abs=5e-4)
+    assert split["first_decode_exposed"] == 0.5 and split["next_prefill_exposed"] == 1.0
+    first_cell = st.ttft_breakdown(events, 0.0, 11 * ms)
+    assert first_cell["gpu_prefills"] == 1 and first_cell["next_prefill_exposed"] is None
+    before = st.ttft_breakdown(old)
+    assert before == {k: v for k, v in split.items() if k in before}  # the GPU side moves no old figure
+    assert set(split) - set(before) == set(st.gpu_breakdown(events)) and st.gpu_breakdown(old) == {}
+    # The record's summary: a GPU table only where runs have the GPU side.
+    summary = sb.summarize([{"variant": v, "cells": {"16": {"median_ttft_ms": 14.0, "sched": split}}}
+                            for v in ("stock", "patched")])
+    table = sb.format_sched_table(summary, sb.GPU_COLS)
+    assert "| 16 | 20.00 -> 20.00 | 2.00 -> 2.00 | 0.67 -> 0.67 | 6.00 -> 6.00 | 0.50 -> 0.50 | 1.00 -> 1.00 |" in table
+    old_summary = sb.summarize([{"variant": v, "cells": {"16": {"median_ttft_ms": 14.0, "sched": before}}}
+                                for v in ("stock", "patched")])
+    assert sb.format_sched_table(old_summary, sb.GPU_COLS) == ""
+    assert sb.format_sched_table(old_summary) == sb.format_sched_table(summary)
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "default", "server_args": []}}, "runs": [
+            {"variant": v, "boot": 0, "cells": {"16": {"median_ttft_ms": 14.0, "sched": split}}}
+            for v in ("stock", "patched")]}))
+    assert table in sb.merge([doc])
 
 
 def test_ttft_breakdown_splits_the_schedulers_part_of_ttft() -> None:
@@ -599,10 +802,10 @@ def test_mirror_variant_is_the_plugin_with_back_port_18_off_and_only_it_gets_the
     assert sb.variant_env("stock", shell)["SGLANG_FUTUREMAP_PATCH"] == "off"
 
 
-def test_run_server_starts_the_model_it_is_told_with_its_variants_environment(tmp_path: Path, monkeypatch) -> None:
-    import time
-
-    launched = []
+def _no_processes(monkeypatch) -> list[tuple[list[str], dict[str, str]]]:
+    """``run_server`` without processes: every server and bench client it starts has already
+    exited; returns the (argv, environment) of each start, in order."""
+    launched: list[tuple[list[str], dict[str, str]]] = []
 
     class Exited:
         """A process that has already exited (no server, no client)."""
@@ -619,6 +822,13 @@ def test_run_server_starts_the_model_it_is_told_with_its_variants_environment(tm
 
     monkeypatch.setattr(sb.subprocess, "Popen", Exited)
     monkeypatch.setattr(sb, "stop_group", lambda proc: None)
+    return launched
+
+
+def test_run_server_starts_the_model_it_is_told_with_its_variants_environment(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    launched = _no_processes(monkeypatch)
     monkeypatch.setenv("SGLANG_FUTUREMAP_FA3_MLA", "0")  # the caller's shell holds it
     args = argparse.Namespace(out=tmp_path, timeline=False, upstream_site="none", backend="default", server_arg=[],
                               concurrency=[1], spec="chain", model="deepseek")
@@ -713,25 +923,11 @@ def test_two_gpus_run_each_boots_pair_at_once_and_alternate_the_cards(tmp_path: 
 def test_run_server_pins_its_gpu_and_records_it(tmp_path: Path, monkeypatch) -> None:
     import time
 
-    envs = []
-
-    class Exited:
-        def __init__(self, argv, env=None, **kw):
-            envs.append(dict(env or {}))
-            self.pid, self.returncode = -1, 1
-
-        def poll(self) -> int:
-            return 1
-
-        def wait(self, timeout=None) -> int:
-            return 1
-
-    monkeypatch.setattr(sb.subprocess, "Popen", Exited)
-    monkeypatch.setattr(sb, "stop_group", lambda proc: None)
+    launched = _no_processes(monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     args = argparse.Namespace(out=tmp_path, timeline=False, upstream_site="none", backend="default", server_arg=[],
                               concurrency=[1], spec="chain", model="8b")
     run = sb.run_server("patched", 1, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=1, gpu="1")
-    assert run["gpu"] == "1" and envs[0]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert run["gpu"] == "1" and launched[0][1]["CUDA_VISIBLE_DEVICES"] == "1"
     run = sb.run_server("stock", 1, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=1)
-    assert "gpu" not in run and envs[2]["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert "gpu" not in run and launched[2][1]["CUDA_VISIBLE_DEVICES"] == "0,1"

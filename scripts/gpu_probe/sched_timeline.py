@@ -8,7 +8,7 @@ Loaded by this folder's ``sitecustomize`` only when ``SMOKE_PROBE_DIR`` is set a
 * ``process_input_requests``: one ``recv`` event per request it receives (its ``rid``);
 * ``run_batch``: one ``run`` event per launched batch (start, end, forward mode, whether
   SGLang's ``forward_mode.is_extend()`` calls it a prefill, batch size, and for a prefill the
-  ``rid`` of every request in it);
+  ``rid`` of every request in it; on CUDA, the GPU fields below);
 * ``process_batch_result``: one ``proc`` event per processed result (start, end, forward
   mode, batch size). A prefill's first tokens leave for the detokenizer at the end of it;
 
@@ -17,10 +17,41 @@ and, on the scheduler thread only, torch's host-blocking entry points (``Tensor.
 one ``sync`` event per call that blocked longer than ``SYNC_MIN_S``, with the calling
 function (file:line name), so a long launch shows where it waited.
 
+On CUDA (a batch on a ``cuda`` device), the wrapper also records CUDA timing events on the
+stream the forward is launched on (the scheduler's ``forward_stream`` in the overlap loop, else
+the current stream): an end event after every launch, and a start event before a prefill and
+before the launch right after one. The host never waits on them. Before each launch the
+scheduler thread resolves the earlier launches whose end event's ``query()`` is true (there, not
+in the flush thread: a query from another thread would break a CUDA graph being captured inside
+a launch) and adds one ``gpu`` event per timed launch, with the launch's ``t``:
+
+* ``gpu_ms`` (a prefill and the launch after one): start -> end event, GPU ms. The start event
+  completes when the stream has finished the earlier launches (or, idle, when the host records
+  it), the end event when this launch's last work (the forward, the relay, the copy of its
+  results to the host) has. So it includes any wait on the schedule stream and any time the GPU
+  waited for this launch's host work; if the GPU finished before the host's ``run_batch``
+  returned, it runs to that return (``host_bound`` then says so);
+* ``gpu_gap_ms`` (same launches, when the launch before has an end event): the previous launch's
+  end event -> this start event, GPU ms, at least 0: how long the stream sat idle before this
+  launch because the host had not queued it yet.
+
+Optional fields of a ``run`` event, read when the host's ``run_batch`` returned (records made
+before them have none, nor ``gpu`` events):
+
+* ``host_bound`` (a prefill and the launch after one): the start event had completed. The GPU
+  had finished all earlier work and started this launch before the host was done launching it:
+  the launch's host work set the pace. False: the GPU was still on earlier work, so a long
+  launch was the host blocked behind (or merely ahead of) the GPU;
+* ``prev_prefill_done`` (the launch right after a prefill whose result has a recorded
+  ``copy_done``): that prefill's ``copy_done.query()`` when this launch's ``run_batch``
+  returned. True: the prefill's results were on the host before this launch was done, so this
+  launch stood between the prefill's end and its first tokens (exposed); False: the launch was
+  hidden behind the prefill's GPU work.
+
 Times are ``time.time()`` so the benchmark can cut the events into its cells by wall clock. The
 events go to ``timeline-<pid>.json`` in ``SMOKE_PROBE_DIR`` from a daemon thread every half
 second (SGLang SIGKILLs its scheduler at shutdown). The wrappers cost a few microseconds per
-call; the benchmark runs them on both sides alike.
+call (on CUDA, one or two event records more); the benchmark runs them on both sides alike.
 
 In the API server's process (SGLang's ``TokenizerManager``, on its first
 ``_handle_batch_output`` call) it wraps that method: one ``api`` event per request whose first
@@ -35,12 +66,15 @@ intake of new requests and the streaming of every request's chunks share that on
 :func:`ttft_breakdown` (pure, also used by the benchmark) splits each request's scheduler-side
 TTFT: received -> its prefill launched (queue), the prefill's ``run_batch``, the prefill's end
 of launch -> start of its result processing (the batch launched in between: in the overlap
-loop the next batch is launched before the previous result is processed), and the processing.
+loop the next batch is launched before the previous result is processed), and the processing;
+:func:`gpu_breakdown` adds the GPU fields' medians and shares per cell.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import json
 import os
 import statistics
@@ -81,7 +115,8 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
     events, also the parts outside the scheduler (``API_PARTS``): the API server's time before
     dispatch, dispatch -> the scheduler's receipt, the scheduler's processing end -> the API
     server's first output, and the API server's own TTFT (received -> first output); ``None``
-    without them."""
+    without them. With the GPU side (``gpu`` events, ``run`` events' GPU fields), also
+    :func:`gpu_breakdown`'s figures."""
     # Interval events (run, proc, sync) span [t, t1]; run and proc carry SGLang's own
     # forward_mode.is_extend() of their batch as "extend".
     runs = [e for e in events if e["kind"] == "run"]
@@ -155,9 +190,48 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
     for k, v in parts.items():
         out[k + "_ms"] = round(statistics.median(v) * 1e3, 3) if v else None
     out["decode_launch_ms"] = round(statistics.median(decode) * 1e3, 3) if decode else None
+    out.update(gpu_breakdown(events, t_lo, t_hi))
     for name, found in (("next_launch_waits_ms", waits), ("launch_waits_ms", own_waits), *sampled.items()):
         out[name] = {k: round(v * 1e3 / n_prefills, 3)
                      for k, v in sorted(found.items(), key=lambda kv: -kv[1])[:6]}
+    return out
+
+
+def gpu_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf"),
+                  t_hi: float = float("inf")) -> dict[str, Any]:
+    """The GPU side of the launches starting in ``[t_lo, t_hi)`` (their ``gpu`` events and the GPU
+    fields of their ``run`` events), per launch: medians (ms) of ``gpu_ms`` over prefills
+    (``prefill_gpu_ms``) and over the launches right after a prefill (``next_gpu_ms``), of
+    ``gpu_gap_ms`` over prefills (``prefill_gpu_gap_ms``); shares (0-1) of the prefills that were
+    ``host_bound`` (``prefill_host_bound``), and of the decode launches (``first_decode_exposed``)
+    and prefill launches (``next_prefill_exposed``) right after a prefill that found its
+    ``copy_done`` done; ``gpu_prefills``: the prefills with ``gpu_ms``. Empty when no launch
+    there has any of these (off CUDA, or records made before them): such records summarise as
+    before."""
+    runs = [e for e in events if e["kind"] == "run"]
+    gpu = {e["t"]: e for e in events if e["kind"] == "gpu"}
+    medians: dict[str, list[float]] = {"prefill_gpu_ms": [], "next_gpu_ms": [], "prefill_gpu_gap_ms": []}
+    shares: dict[str, list[bool]] = {"prefill_host_bound": [], "first_decode_exposed": [], "next_prefill_exposed": []}
+    for i, run in enumerate(runs):
+        if not t_lo <= run["t"] < t_hi:
+            continue
+        after_prefill = i > 0 and runs[i - 1]["extend"]
+        timed = gpu.get(run["t"], {})
+        if run["extend"]:
+            for key, field in (("prefill_gpu_ms", "gpu_ms"), ("prefill_gpu_gap_ms", "gpu_gap_ms")):
+                if field in timed:
+                    medians[key].append(timed[field])
+            if "host_bound" in run:
+                shares["prefill_host_bound"].append(run["host_bound"])
+        if after_prefill and "gpu_ms" in timed:
+            medians["next_gpu_ms"].append(timed["gpu_ms"])
+        if after_prefill and "prev_prefill_done" in run and (run["extend"] or run["mode"] == "DECODE"):
+            shares["next_prefill_exposed" if run["extend"] else "first_decode_exposed"].append(run["prev_prefill_done"])
+    if not any((*medians.values(), *shares.values())):
+        return {}
+    out: dict[str, Any] = {"gpu_prefills": len(medians["prefill_gpu_ms"])}
+    out.update({k: round(statistics.median(v), 3) if v else None for k, v in medians.items()})
+    out.update({k: round(sum(v) / len(v), 3) if v else None for k, v in shares.items()})
     return out
 
 
@@ -174,6 +248,34 @@ def load_events(paths: Iterable[str]) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- in the scheduler
 
 
+@functools.cache
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def launch_stream(sched: Any, batch: Any) -> Any:
+    """The CUDA stream ``batch``'s forward is launched on: the scheduler's ``forward_stream`` in
+    the overlap loop (``Scheduler.run_batch`` launches under ``forward_stream_ctx``), else the
+    current stream; None without CUDA or for a batch not on a CUDA device (no GPU fields then)."""
+    if not str(getattr(batch, "device", "")).startswith("cuda") or not _has_cuda():
+        return None
+    if getattr(sched, "enable_overlap", False):
+        return sched.forward_stream
+    import torch
+
+    return torch.cuda.current_stream()
+
+
+def gpu_event() -> Any:
+    """A CUDA event that can time (the tests hand in their own)."""
+    import torch
+
+    return torch.cuda.Event(enable_timing=True)
+
+
+
 class Timeline:
     def __init__(self, out_dir: str) -> None:
         self.out_dir = out_dir
@@ -187,6 +289,13 @@ class Timeline:
         self.launching: str | None = None
         self.last_extend = False
         self.lag_started = False
+        # GPU timing (scheduler thread only): the previous launch's end event, the previous
+        # launch's result copy when it was a prefill; the timed launches not resolved yet
+        # (their t, start, end, previous end), oldest first: one stream completes in order.
+        self.prev_end: Any = None
+        self.prefill_copy: Any = None
+        self.pending: collections.deque[tuple[float, Any, Any, Any]] = collections.deque()
+        self.gpu_off = False
 
     def on_run_batch(self, frame) -> None:
         """sitecustomize hook (a PY_START callback): install on the first Scheduler.run_batch."""
@@ -284,14 +393,19 @@ class Timeline:
             t0 = time.time()
             fm = getattr(batch, "forward_mode", None)
             extend = bool(fm is not None and fm.is_extend())
-            tl.launching = "prefill" if extend else ("next" if tl.last_extend else None)
+            after_prefill = tl.last_extend
+            tl.launching = "prefill" if extend else ("next" if after_prefill else None)
+            gpu = tl.gpu_start(self, batch, timed=extend or after_prefill)
+            result = None
             try:
-                return orig_run(self, batch, *a, **k)
+                result = orig_run(self, batch, *a, **k)
+                return result
             finally:
                 tl.launching, tl.last_extend = None, extend
                 ev = _interval("run", batch, t0)
                 if ev["extend"]:
                     ev["rids"] = [r.rid for r in batch.reqs]
+                tl.gpu_end(ev, gpu, result if extend else None, after_prefill)
                 tl.add(ev)
 
         def process_batch_result(self, batch, *a, **k):
@@ -312,6 +426,71 @@ class Timeline:
         threading.Thread(target=self._ticker, name="sched-timeline", daemon=True).start()
         threading.Thread(target=self._sampler, args=(threading.get_ident(),),
                          name="sched-timeline-sampler", daemon=True).start()
+
+    def gpu_start(self, sched: Any, batch: Any, timed: bool) -> tuple[Any, Any] | None:
+        """Before a launch: the earlier launches' GPU times that are ready, then this launch's
+        stream and, for a ``timed`` one (a prefill, the launch after one), a start event recorded
+        there; None off CUDA."""
+        if self.gpu_off:
+            return None
+        try:
+            self.resolve_gpu()
+            stream = launch_stream(sched, batch)
+            if stream is None:
+                return None
+            start = gpu_event() if timed else None
+            if start is not None:
+                start.record(stream)
+            return stream, start
+        except Exception as exc:  # never break SGLang's process over a probe
+            self._gpu_failed(exc)
+            return None
+
+    def gpu_end(self, ev: dict[str, Any], gpu: tuple[Any, Any] | None, prefill_result: Any,
+                after_prefill: bool) -> None:
+        """After a launch: the GPU's progress when the host finished it (``host_bound``,
+        ``prev_prefill_done``; ``query()`` only, it never waits), then its end event; its times
+        are resolved before a later launch."""
+        prev_end, prefill_copy = self.prev_end, self.prefill_copy
+        self.prev_end = self.prefill_copy = None
+        if gpu is None or self.gpu_off:
+            return
+        stream, start = gpu
+        try:
+            if start is not None:
+                ev["host_bound"] = bool(start.query())
+            if after_prefill and prefill_copy is not None:
+                ev["prev_prefill_done"] = bool(prefill_copy.query())
+            end = gpu_event()
+            end.record(stream)
+            if start is not None:
+                self.pending.append((ev["t"], start, end, prev_end))
+            self.prev_end = end
+            copy = getattr(prefill_result, "copy_done", None)
+            # A torch event never recorded reads as done: only a recorded one (``cuda_event``) counts.
+            self.prefill_copy = copy if copy is not None and getattr(copy, "cuda_event", 1) else None
+        except Exception as exc:
+            self._gpu_failed(exc)
+
+    def resolve_gpu(self) -> None:
+        """One ``gpu`` event per timed launch whose end event has completed, oldest first,
+        stopping at the first still in flight."""
+        while self.pending:
+            t, start, end, prev_end = self.pending[0]
+            if not end.query():
+                return
+            self.pending.popleft()
+            ev = {"kind": "gpu", "t": t, "gpu_ms": round(start.elapsed_time(end), 4)}
+            if prev_end is not None and prev_end.query():
+                ev["gpu_gap_ms"] = round(max(0.0, prev_end.elapsed_time(start)), 4)
+            self.add(ev)
+
+    def _gpu_failed(self, exc: Exception) -> None:
+        """GPU timing off for good, its pending events dropped; the other events go on."""
+        self.gpu_off = True
+        self.pending.clear()
+        self.prev_end = self.prefill_copy = None
+        self.errors.append(f"gpu timing: {exc!r}")
 
     def _sampler(self, tid: int) -> None:
         import sys
