@@ -239,11 +239,7 @@ def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict
     result = _results(runs, procs)
 
     def waits(t0: float, t1: float) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for e in _within(syncs, sync_t, t0, t1):
-            site = f'{e["what"]} @ {e["where"]}'
-            out[site] = out.get(site, 0.0) + e["t1"] - e["t"]
-        return out
+        return serve.sched_timeline.add_waits({}, _within(syncs, sync_t, t0, t1))
 
     def compiled(run: dict[str, Any]) -> bool:
         return any(COMPILING.match(f) for e in _within(samples, sample_t, run["t"], run["t1"]) for f in e["stack"])

@@ -169,10 +169,7 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
         for run, into in ((runs[i], own_waits), (runs[i + 1] if i + 1 < len(runs) else None, waits)):
             if run is None:
                 continue
-            for e in syncs:
-                if run["t"] <= e["t"] < run["t1"]:
-                    key = f'{e["what"]} @ {e["where"]}'
-                    into[key] = into.get(key, 0.0) + (e["t1"] - e["t"])
+            add_waits(into, (e for e in syncs if run["t"] <= e["t"] < run["t1"]))
     n_prefills = len(prefills) or 1
     # Stack samples by phase: where the host was during those launches (ms per prefill).
     sampled: dict[str, dict[str, float]] = {"launch_samples_ms": {}, "next_launch_samples_ms": {}}
@@ -233,6 +230,15 @@ def gpu_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf"),
     out.update({k: round(statistics.median(v), 3) if v else None for k, v in medians.items()})
     out.update({k: round(sum(v) / len(v), 3) if v else None for k, v in shares.items()})
     return out
+
+
+def add_waits(into: dict[str, float], syncs: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Add each ``sync`` event's blocked time (s) to ``into`` under its site, ``"<what> @ <where>"``;
+    returns ``into``."""
+    for e in syncs:
+        key = f'{e["what"]} @ {e["where"]}'
+        into[key] = into.get(key, 0.0) + (e["t1"] - e["t"])
+    return into
 
 
 def load_events(paths: Iterable[str]) -> list[dict[str, Any]]:
