@@ -355,7 +355,9 @@ API_COLS = (("median_ttft_ms", "client TTFT p50"), ("sched_api_total_ms", "API s
 
 #: The GPU side of prefill launches (``--timeline`` on CUDA, ``sched_timeline.gpu_breakdown``;
 #: records from before have none).
-GPU_COLS = (("sched_prefill_gpu_ms", "prefill GPU ms"), ("sched_prefill_gpu_gap_ms", "GPU idle before a prefill ms"),
+GPU_COLS = (("sched_prefill_gpu_queue_ms", "prefill queued on the GPU ms"),
+            ("sched_prefill_gpu_ms", "prefill GPU ms"), ("sched_prefill_ready_wait_ms", "first tokens ready -> processed ms"),
+            ("sched_prefill_gpu_gap_ms", "GPU idle before a prefill ms"),
             ("sched_prefill_host_bound", "prefills host-bound (share)"), ("sched_next_gpu_ms", "next batch GPU ms"),
             ("sched_first_decode_exposed", "first decodes exposed (share)"),
             ("sched_next_prefill_exposed", "next prefills exposed (share)"))

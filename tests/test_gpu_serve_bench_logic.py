@@ -322,8 +322,9 @@ GPU_FIELDS = ("host_bound", "prev_prefill_done")
 
 class FakeGpu:
     """One CUDA stream in ms: ``now`` is how far the GPU has got, ``tail`` where the work queued
-    so far ends. Its events complete when the GPU passes them; nothing here can wait, and only
-    the scheduler thread may touch them (``thread``)."""
+    so far ends; beside it the probe's idle side stream (``"side"``), where an event completes at
+    ``now``. Its events complete when the GPU passes them; nothing here can wait, and only the
+    scheduler thread may touch them (``thread``)."""
 
     def __init__(self) -> None:
         import threading
@@ -350,6 +351,9 @@ class FakeEvent:
 
     def record(self, stream=None) -> None:
         self._on_scheduler_thread()
+        if stream == "side":  # the probe's own stream: nothing queued there
+            self.t = self.gpu.now
+            return
         assert stream == "forward"  # the scheduler's forward stream, not the current one
         self.t = self.gpu.tail = max(self.gpu.tail, self.gpu.now)  # an idle stream reaches it at once
 
@@ -368,9 +372,11 @@ class FakeEvent:
 def test_timeline_probe_times_prefills_on_the_gpu_without_waiting(sglang_loaded, tmp_path: Path, monkeypatch) -> None:
     """On CUDA the probe records events on the forward stream around a prefill and the launch after
     it, and an end event after every launch. Before a later launch it turns those whose end event
-    is done (never before, never by waiting) into ``gpu`` events: GPU ms and the stream's idle
-    time before the launch; ``host_bound`` and ``prev_prefill_done`` are the GPU's progress when
-    the host's launch ended."""
+    is done (never before, never by waiting) into ``gpu`` events: GPU ms, the stream's idle
+    time before the launch and the GPU work queued ahead of it (a side-stream event at the host's
+    launch start -> the start event); ``host_bound`` and ``prev_prefill_done`` are the GPU's
+    progress when the host's launch ended. A prefill's result processing gets a ``ready`` event:
+    its end event -> a side-stream event when the processing began."""
     import inspect
     from types import SimpleNamespace
 
@@ -386,6 +392,7 @@ def test_timeline_probe_times_prefills_on_the_gpu_without_waiting(sglang_loaded,
     gpu = FakeGpu()
     monkeypatch.setattr(st, "_has_cuda", lambda: True)
     monkeypatch.setattr(st, "gpu_event", gpu.event)
+    monkeypatch.setattr(st, "side_stream", lambda: "side")
 
     class Scheduler:
         enable_overlap, forward_stream = True, "forward"
@@ -424,26 +431,35 @@ def test_timeline_probe_times_prefills_on_the_gpu_without_waiting(sglang_loaded,
 
     sched.run_batch(batch(D, 5, 0))  # a steady decode: GPU 0-5 ms, an end event only
     gpu.now = 7  # the stream idles 5-7 ms
-    sched.run_batch(batch(E, 20, 10))  # prefill: GPU 7-27; the GPU started it before the host was done
+    first_prefill = batch(E, 20, 10)
+    sched.run_batch(first_prefill)  # prefill: GPU 7-27; the GPU started it before the host was done
     sched.run_batch(batch(D, 6, 10))  # first decode: GPU 27-33, queued while the prefill still ran
-    steady, prefill, first = tl.events
+    sched.process_batch_result(first_prefill, None)  # at 10: the host is there 17 ms before the tokens
+    steady, prefill, first, _ = tl.events
     assert not any(k in steady for k in GPU_FIELDS)
     assert prefill["host_bound"] is True and "prev_prefill_done" not in prefill
     assert first["host_bound"] is False and first["prev_prefill_done"] is False  # hidden behind the prefill
     assert timed() == {} and len(tl.pending) == 2  # nothing done yet: nothing resolved
     gpu.now = 30
     sched.run_batch(batch(D, 2, 30))  # a steady decode (GPU 33-35) resolves the prefill, not the decode
-    assert timed() == {prefill["t"]: {"kind": "gpu", "t": prefill["t"], "gpu_ms": 20, "gpu_gap_ms": 2}}
+    assert timed() == {prefill["t"]: {"kind": "gpu", "t": prefill["t"], "gpu_ms": 20, "gpu_gap_ms": 2,
+                                      "gpu_queue_ms": 0}}
+    ready = [e for e in tl.events if e["kind"] == "ready"]
+    assert ready == [{"kind": "ready", "t": prefill["t"], "ready_wait_ms": -17}] and not tl.prefill_ends
     # The stream idles 35-42 before the next prefill, and from the end of its 10 ms (52) to the
     # host's end of launch (60): a host-bound launch's gpu_ms runs to its host end. The decode
     # after it ended its launch with the prefill's result on the host: exposed.
     gpu.now = 42
-    sched.run_batch(batch(E, 10, 60))
+    second_prefill = batch(E, 10, 60)
+    sched.run_batch(second_prefill)
     sched.run_batch(batch(D, 5, 62))
     prefill2, first2 = runs()[-2:]
     assert prefill2["host_bound"] is True and first2["prev_prefill_done"] is True
-    assert timed()[first["t"]]["gpu_ms"] == 6 and timed()[first["t"]]["gpu_gap_ms"] == 0
+    # The first decode met the prefill's 17 ms still queued (GPU 10 -> 27), then ran 6.
+    assert timed()[first["t"]] == {"kind": "gpu", "t": first["t"], "gpu_ms": 6, "gpu_gap_ms": 0, "gpu_queue_ms": 17}
     assert timed()[prefill2["t"]]["gpu_ms"] == 18 and timed()[prefill2["t"]]["gpu_gap_ms"] == 7
+    gpu.now = 70  # the tokens (on the host at 60) wait 10 ms for the host
+    sched.process_batch_result(second_prefill, None)
     # A result whose copy_done was never recorded gives no exposure.
     gpu.now = 65
     sched.run_batch(batch(E, 1, 70, copied=False))
@@ -451,14 +467,16 @@ def test_timeline_probe_times_prefills_on_the_gpu_without_waiting(sglang_loaded,
     sched.run_batch(batch(D, 1, 80))
     assert "prev_prefill_done" not in runs()[-2] and not tl.pending
     tl.flush()
+    assert [e["ready_wait_ms"] for e in tl.events if e["kind"] == "ready"] == [-17, 10]
     split = st.ttft_breakdown(st.load_events([str(p) for p in tmp_path.glob("timeline-*.json")]))
     assert split["gpu_prefills"] == 3 and split["prefill_gpu_ms"] == 18 and split["prefill_gpu_gap_ms"] == 2
+    assert split["prefill_gpu_queue_ms"] == 0 and split["prefill_ready_wait_ms"] == -3.5  # median of -17, 10
     assert split["next_gpu_ms"] == 5 and split["prefill_host_bound"] == 1.0 and split["first_decode_exposed"] == 0.5
     # A failing GPU call turns GPU timing off and says so; the launches go on being recorded.
     monkeypatch.setattr(st, "gpu_event", lambda: 1 / 0)
     sched.run_batch(batch(E, 1, 80))
     sched.run_batch(batch(D, 1, 80))
-    assert tl.gpu_off and not tl.pending and any("ZeroDivisionError" in e for e in tl.errors)
+    assert tl.gpu_off and not tl.pending and not tl.pending_ready and any("ZeroDivisionError" in e for e in tl.errors)
     assert tl.events[-2:] == runs()[-2:] and not any(k in e for e in runs()[-2:] for k in GPU_FIELDS)
 
 
@@ -479,20 +497,26 @@ def test_gpu_breakdown_gives_medians_and_shares_and_old_records_read_as_before(t
         {"kind": "proc", "t": 20 * ms, "t1": 21 * ms, "mode": "EXTEND", "extend": True, "bs": 1},
         {"kind": "proc", "t": 21 * ms, "t1": 22 * ms, "mode": "EXTEND", "extend": True, "bs": 1},
     ]
-    # Per launch (by start): GPU ms, idle before it, host_bound, prev_prefill_done.
-    side = {1 * ms: (20.0, 2.0, True, None), 3 * ms: (6.0, 0.0, False, False), 12 * ms: (10.0, 7.0, True, None),
-            14 * ms: (30.0, 0.0, False, True), 16 * ms: (4.0, 0.0, False, True)}
+    # Per launch (by start): GPU ms, idle before it, queued behind earlier work, host_bound,
+    # prev_prefill_done; per prefill, its tokens ready -> processed.
+    side = {1 * ms: (20.0, 2.0, 0.5, True, None), 3 * ms: (6.0, 0.0, 14.0, False, False),
+            12 * ms: (10.0, 7.0, 1.5, True, None), 14 * ms: (30.0, 0.0, 9.0, False, True),
+            16 * ms: (4.0, 0.0, 25.0, False, True)}
+    ready = {1 * ms: -2.0, 12 * ms: 4.0, 14 * ms: 6.0}
     events = []
     for e in old:
         if e["t"] in side and e["kind"] == "run":
-            gpu_ms, gap, host_bound, done = side[e["t"]]
+            gpu_ms, gap, queue, host_bound, done = side[e["t"]]
             e = dict(e, host_bound=host_bound, **({} if done is None else {"prev_prefill_done": done}))
-            events.append({"kind": "gpu", "t": e["t"], "gpu_ms": gpu_ms, "gpu_gap_ms": gap})
+            events.append({"kind": "gpu", "t": e["t"], "gpu_ms": gpu_ms, "gpu_gap_ms": gap, "gpu_queue_ms": queue})
+            if e["t"] in ready:
+                events.append({"kind": "ready", "t": e["t"], "ready_wait_ms": ready[e["t"]]})
         events.append(e)
     events.sort(key=lambda e: e["t"])
     split = st.ttft_breakdown(events)
     assert {k: split[k] for k in ("gpu_prefills", "prefill_gpu_ms", "prefill_gpu_gap_ms", "next_gpu_ms")} == {
         "gpu_prefills": 3, "prefill_gpu_ms": 20.0, "prefill_gpu_gap_ms": 2.0, "next_gpu_ms": 6.0}  # next: 6, 30, 4
+    assert split["prefill_gpu_queue_ms"] == 1.5 and split["prefill_ready_wait_ms"] == 4.0  # prefills' only
     assert split["prefill_host_bound"] == pytest.approx(2 / 3, abs=5e-4)
     assert split["first_decode_exposed"] == 0.5 and split["next_prefill_exposed"] == 1.0
     first_cell = st.ttft_breakdown(events, 0.0, 11 * ms)
@@ -504,7 +528,8 @@ def test_gpu_breakdown_gives_medians_and_shares_and_old_records_read_as_before(t
     summary = sb.summarize([{"variant": v, "cells": {"16": {"median_ttft_ms": 14.0, "sched": split}}}
                             for v in ("stock", "patched")])
     table = sb.format_sched_table(summary, sb.GPU_COLS)
-    assert "| 16 | 20.00 -> 20.00 | 2.00 -> 2.00 | 0.67 -> 0.67 | 6.00 -> 6.00 | 0.50 -> 0.50 | 1.00 -> 1.00 |" in table
+    assert ("| 16 | 1.50 -> 1.50 | 20.00 -> 20.00 | 4.00 -> 4.00 | 2.00 -> 2.00 | 0.67 -> 0.67 | 6.00 -> 6.00 "
+            "| 0.50 -> 0.50 | 1.00 -> 1.00 |") in table
     old_summary = sb.summarize([{"variant": v, "cells": {"16": {"median_ttft_ms": 14.0, "sched": before}}}
                                 for v in ("stock", "patched")])
     assert sb.format_sched_table(old_summary, sb.GPU_COLS) == ""

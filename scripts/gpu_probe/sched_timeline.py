@@ -35,6 +35,17 @@ a launch) and adds one ``gpu`` event per timed launch, with the launch's ``t``:
   end event -> this start event, GPU ms, at least 0: how long the stream sat idle before this
   launch because the host had not queued it yet.
 
+* ``gpu_queue_ms`` (same launches): a reference event recorded on an idle side stream at the
+  host's launch start -> this launch's start event, GPU ms, at least 0: how long the launch
+  waited on the GPU behind work queued before it (the earlier launches still running), i.e.
+  the GPU backlog the launch met.
+
+A prefill's result also gets one ``ready`` event (its ``t`` is the prefill's launch ``t``) when
+its processing starts: ``ready_wait_ms``, the prefill's end event -> a reference event recorded
+on the side stream when ``process_batch_result`` began, GPU ms: how long its results (first
+tokens) sat on the host before the scheduler turned to them; negative when the host got there
+first and waited for them.
+
 Optional fields of a ``run`` event, read when the host's ``run_batch`` returned (records made
 before them have none, nor ``gpu`` events):
 
@@ -199,7 +210,8 @@ def gpu_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf"),
     """The GPU side of the launches starting in ``[t_lo, t_hi)`` (their ``gpu`` events and the GPU
     fields of their ``run`` events), per launch: medians (ms) of ``gpu_ms`` over prefills
     (``prefill_gpu_ms``) and over the launches right after a prefill (``next_gpu_ms``), of
-    ``gpu_gap_ms`` over prefills (``prefill_gpu_gap_ms``); shares (0-1) of the prefills that were
+    ``gpu_gap_ms``, ``gpu_queue_ms`` and their results' ``ready_wait_ms`` over prefills
+    (``prefill_gpu_gap_ms``, ``prefill_gpu_queue_ms``, ``prefill_ready_wait_ms``); shares (0-1) of the prefills that were
     ``host_bound`` (``prefill_host_bound``), and of the decode launches (``first_decode_exposed``)
     and prefill launches (``next_prefill_exposed``) right after a prefill that found its
     ``copy_done`` done; ``gpu_prefills``: the prefills with ``gpu_ms``. Empty when no launch
@@ -207,7 +219,9 @@ def gpu_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf"),
     before."""
     runs = [e for e in events if e["kind"] == "run"]
     gpu = {e["t"]: e for e in events if e["kind"] == "gpu"}
-    medians: dict[str, list[float]] = {"prefill_gpu_ms": [], "next_gpu_ms": [], "prefill_gpu_gap_ms": []}
+    ready = {e["t"]: e for e in events if e["kind"] == "ready"}
+    medians: dict[str, list[float]] = {"prefill_gpu_ms": [], "next_gpu_ms": [], "prefill_gpu_gap_ms": [],
+                                       "prefill_gpu_queue_ms": [], "prefill_ready_wait_ms": []}
     shares: dict[str, list[bool]] = {"prefill_host_bound": [], "first_decode_exposed": [], "next_prefill_exposed": []}
     for i, run in enumerate(runs):
         if not t_lo <= run["t"] < t_hi:
@@ -215,9 +229,12 @@ def gpu_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf"),
         after_prefill = i > 0 and runs[i - 1]["extend"]
         timed = gpu.get(run["t"], {})
         if run["extend"]:
-            for key, field in (("prefill_gpu_ms", "gpu_ms"), ("prefill_gpu_gap_ms", "gpu_gap_ms")):
+            for key, field in (("prefill_gpu_ms", "gpu_ms"), ("prefill_gpu_gap_ms", "gpu_gap_ms"),
+                               ("prefill_gpu_queue_ms", "gpu_queue_ms")):
                 if field in timed:
                     medians[key].append(timed[field])
+            if run["t"] in ready:
+                medians["prefill_ready_wait_ms"].append(ready[run["t"]]["ready_wait_ms"])
             if "host_bound" in run:
                 shares["prefill_host_bound"].append(run["host_bound"])
         if after_prefill and "gpu_ms" in timed:
@@ -274,6 +291,14 @@ def launch_stream(sched: Any, batch: Any) -> Any:
     return torch.cuda.current_stream()
 
 
+def side_stream() -> Any:
+    """A stream of the probe's own that nothing else uses: an event recorded there completes at
+    once, so it marks the host's moment on the GPU's clock (the tests hand in their own)."""
+    import torch
+
+    return torch.cuda.Stream()
+
+
 def gpu_event() -> Any:
     """A CUDA event that can time (the tests hand in their own)."""
     import torch
@@ -300,7 +325,13 @@ class Timeline:
         # (their t, start, end, previous end), oldest first: one stream completes in order.
         self.prev_end: Any = None
         self.prefill_copy: Any = None
-        self.pending: collections.deque[tuple[float, Any, Any, Any]] = collections.deque()
+        self.pending: collections.deque[tuple[float, Any, Any, Any, Any]] = collections.deque()
+        # The side stream (made on first use) for reference events; each prefill's end event by
+        # the rid of its first request, launch order (its result is processed later); the
+        # results whose processing began, not resolved yet (launch t, end, reference).
+        self.side: Any = None
+        self.prefill_ends: dict[str, collections.deque[tuple[float, Any]]] = {}
+        self.pending_ready: collections.deque[tuple[float, Any, Any]] = collections.deque()
         self.gpu_off = False
 
     def on_run_batch(self, frame) -> None:
@@ -416,6 +447,7 @@ class Timeline:
 
         def process_batch_result(self, batch, *a, **k):
             t0 = time.time()
+            tl.gpu_ready(batch)
             try:
                 return orig_proc(self, batch, *a, **k)
             finally:
@@ -444,10 +476,12 @@ class Timeline:
             stream = launch_stream(sched, batch)
             if stream is None:
                 return None
-            start = gpu_event() if timed else None
-            if start is not None:
+            start = ref = None
+            if timed:
+                ref, start = gpu_event(), gpu_event()
+                ref.record(self.side_stream())
                 start.record(stream)
-            return stream, start
+            return stream, start, ref
         except Exception as exc:  # never break SGLang's process over a probe
             self._gpu_failed(exc)
             return None
@@ -461,7 +495,7 @@ class Timeline:
         self.prev_end = self.prefill_copy = None
         if gpu is None or self.gpu_off:
             return
-        stream, start = gpu
+        stream, start, ref = gpu
         try:
             if start is not None:
                 ev["host_bound"] = bool(start.query())
@@ -470,7 +504,9 @@ class Timeline:
             end = gpu_event()
             end.record(stream)
             if start is not None:
-                self.pending.append((ev["t"], start, end, prev_end))
+                self.pending.append((ev["t"], start, end, prev_end, ref))
+            if ev["extend"] and ev.get("rids") and len(self.prefill_ends) < 1000:
+                self.prefill_ends.setdefault(ev["rids"][0], collections.deque()).append((ev["t"], end))
             self.prev_end = end
             copy = getattr(prefill_result, "copy_done", None)
             # A torch event never recorded reads as done: only a recorded one (``cuda_event``) counts.
@@ -481,20 +517,52 @@ class Timeline:
     def resolve_gpu(self) -> None:
         """One ``gpu`` event per timed launch whose end event has completed, oldest first,
         stopping at the first still in flight."""
+        while self.pending_ready and self.pending_ready[0][1].query() and self.pending_ready[0][2].query():
+            t, end, ref = self.pending_ready.popleft()
+            self.add({"kind": "ready", "t": t, "ready_wait_ms": round(end.elapsed_time(ref), 4)})
         while self.pending:
-            t, start, end, prev_end = self.pending[0]
+            t, start, end, prev_end, ref = self.pending[0]
             if not end.query():
                 return
             self.pending.popleft()
             ev = {"kind": "gpu", "t": t, "gpu_ms": round(start.elapsed_time(end), 4)}
             if prev_end is not None and prev_end.query():
                 ev["gpu_gap_ms"] = round(max(0.0, prev_end.elapsed_time(start)), 4)
+            if ref is not None:
+                ev["gpu_queue_ms"] = round(max(0.0, ref.elapsed_time(start)), 4)
             self.add(ev)
+
+    def side_stream(self) -> Any:
+        if self.side is None:
+            self.side = side_stream()
+        return self.side
+
+    def gpu_ready(self, batch: Any) -> None:
+        """When a prefill's result processing begins: a reference event on the side stream,
+        paired with that prefill's end event (resolved before a later launch, by ``query()``)."""
+        fm = getattr(batch, "forward_mode", None)
+        if self.gpu_off or fm is None or not fm.is_extend():
+            return
+        try:
+            reqs = getattr(batch, "reqs", None) or ()
+            ends = self.prefill_ends.get(getattr(reqs[0], "rid", None)) if reqs else None
+            if not ends:
+                return
+            t, end = ends.popleft()
+            if not ends:
+                del self.prefill_ends[reqs[0].rid]
+            ref = gpu_event()
+            ref.record(self.side_stream())
+            self.pending_ready.append((t, end, ref))
+        except Exception as exc:
+            self._gpu_failed(exc)
 
     def _gpu_failed(self, exc: Exception) -> None:
         """GPU timing off for good, its pending events dropped; the other events go on."""
         self.gpu_off = True
         self.pending.clear()
+        self.pending_ready.clear()
+        self.prefill_ends.clear()
         self.prev_end = self.prefill_copy = None
         self.errors.append(f"gpu timing: {exc!r}")
 
