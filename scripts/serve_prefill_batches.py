@@ -15,6 +15,13 @@ that size over every cell with each variant's mean residual: at equal shared pre
 side slower? Records made before ``prefill_bs_mean`` was part of
 ``ttft_breakdown`` get it from here.
 
+``--stalls`` prints instead, per concurrency, the API server's event-loop stalls (a ``lag``
+window of the probe whose longest late wake-up is ``STALL_MS`` or more: one such pause stops
+every request's intake and streaming at once) and which cell each fell in, and the API
+server's own TTFT (SGLang's timestamps: received -> first output) of the measured requests,
+p50 and p99 per boot, with every request and without those whose way to their first output
+overlapped a stall (``stall_rows`` defines each figure); medians over boots, stock -> patched.
+
 ``--launches`` prints instead, per concurrency and variant over the same cells (measured
 requests only), how long ``run_batch`` holds the scheduler thread: steady decode launches and
 the first decode launch after a prefill (the launch, the host waits inside it, the launch less
@@ -336,6 +343,91 @@ def launch_split(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[str,
             for (c, v), (names, parts) in sorted(pooled.items(), key=lambda kv: (kv[0][0], kv[0][1] != "stock", kv[0][1]))]
 
 
+#: A lag window whose longest late wake-up is this long or longer holds a stall (ms).
+STALL_MS = 100.0
+
+
+def api_stalls(events: list[dict[str, Any]]) -> list[tuple[float, float, float]]:
+    """The API server's event-loop stalls in one server's timeline: (from, to, longest late
+    wake-up in ms) per ``lag`` window holding one. The probe closes a window on its first wake-up
+    half a second or more after it opened, and opens the next one then, so the stall lies
+    between the window's start and the next window's start (the window's start plus its
+    length and the stall, for the last one)."""
+    lags = [e for e in events if e["kind"] == "lag"]
+    out = []
+    for i, e in enumerate(lags):
+        if e["max"] * 1e3 >= STALL_MS:
+            end = lags[i + 1]["t"] if i + 1 < len(lags) else e["t"] + 0.5 + e["max"]
+            out.append((e["t"], end, round(e["max"] * 1e3, 1)))
+    return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """numpy's default (linear) percentile, as ``bench_serving`` reports p99."""
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100
+    lo = int(k)
+    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (k - lo)
+
+
+def stall_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per boot and cell: variant, boot, concurrency, ``requests`` (measured requests with
+    the API server's timestamps), ``stalls`` (the longest late wake-ups, ms, of the stalls that
+    overlap the cell: from its first measured arrival to its last first output), ``hit`` (the
+    requests whose received -> first output overlaps a stall), the API server's TTFT p50 / p99 of
+    every request (``api_p50_ms``, ``api_p99_ms``) and of the others (``clean_p50_ms``,
+    ``clean_p99_ms``), and the client's TTFT p50 / p99 of the cell (``bench_serving``'s)."""
+    rows = []
+    for run, events, cells in split_cells(record, by_run):
+        api = {e["rid"]: e for e in events if e["kind"] == "api"}
+        stalls = api_stalls(events)
+        for c, _, arrivals in cells:
+            spans = [(api[e["rid"]]["received"], api[e["rid"]]["first"]) for e in arrivals if e["rid"] in api]
+            if not spans:
+                continue
+            lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+            inside = [s for s in stalls if s[0] < hi and s[1] > lo]
+            clean = [(b - a) * 1e3 for a, b in spans if not any(s0 < b and s1 > a for s0, s1, _ in inside)]
+            every = [(b - a) * 1e3 for a, b in spans]
+            cell = run["cells"][c]
+            rows.append({"variant": run["variant"], "boot": run["boot"], "concurrency": int(c), "requests": len(spans),
+                         "stalls": [ms for *_, ms in inside], "hit": len(spans) - len(clean),
+                         "api_p50_ms": round(_percentile(every, 50), 1), "api_p99_ms": round(_percentile(every, 99), 1),
+                         "clean_p50_ms": round(_percentile(clean, 50), 1) if clean else None,
+                         "clean_p99_ms": round(_percentile(clean, 99), 1) if clean else None,
+                         "client_p50_ms": round(cell["median_ttft_ms"], 1), "client_p99_ms": round(cell["p99_ttft_ms"], 1)})
+    return rows
+
+
+def stall_table(rows: list[dict[str, Any]]) -> str:
+    """Per concurrency: each side's stalls (boots with one in the cell / boots) and the requests
+    they hit, then stock -> patched medians over boots of the client's TTFT p50 / p99 and the API
+    server's, with every request and without the stalled ones (x: how much better patched is)."""
+    def med(side: list[dict[str, Any]], key: str) -> float | None:
+        have = [r[key] for r in side if r[key] is not None]
+        return statistics.median(have) if have else None
+
+    def pair(st: list[dict[str, Any]], pa: list[dict[str, Any]], key: str) -> str:
+        a, b = med(st, key), med(pa, key)
+        if a is None or b is None:
+            return "-"
+        return f"{a:.1f} -> {b:.1f} (x{a / b:.3f})"
+
+    lines = ["| conc | boots with a stall (stock / patched) | requests hit | client TTFT p50 | client TTFT p99 "
+             "| API TTFT p50 | API TTFT p50 without the stalled | API TTFT p99 | API TTFT p99 without the stalled |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in sorted({r["concurrency"] for r in rows}):
+        st = [r for r in rows if r["concurrency"] == c and r["variant"] == "stock"]
+        pa = [r for r in rows if r["concurrency"] == c and r["variant"] == "patched"]
+        if not st or not pa:
+            continue
+        n = "{} / {}".format(*(f"{sum(1 for r in side if r['stalls'])} of {len(side)}" for side in (st, pa)))
+        hit = "{} / {}".format(*(sum(r["hit"] for r in side) for side in (st, pa)))
+        lines.append(f"| {c} | {n} | {hit} | " + " | ".join(pair(st, pa, k) for k in (
+            "client_p50_ms", "client_p99_ms", "api_p50_ms", "clean_p50_ms", "api_p99_ms", "clean_p99_ms")) + " |")
+    return "\n".join(lines)
+
+
 def _cell(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:.2f}"
 
@@ -379,7 +471,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     p.add_argument("--launches", action="store_true",
                    help="instead: per concurrency and variant, how long decode and prefill launches hold the scheduler thread")
+    p.add_argument("--stalls", action="store_true",
+                   help="instead: the API server's event-loop stalls per cell, and TTFT with and without the requests they hit")
     args = p.parse_args(argv)
+    if args.launches and args.stalls:
+        print("serve_prefill_batches: --launches or --stalls, not both", file=sys.stderr)
+        return 2
     if len(args.pairs) % 2:
         print("serve_prefill_batches: give a record and its logs, pair by pair", file=sys.stderr)
         return 2
@@ -391,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     pairs = ((path, json.loads(path.read_text()), timelines(logs)) for path, logs in zip(args.pairs[::2], args.pairs[1::2]))
     if args.launches:
         rows = launch_split([(str(path.parent), record, by_run) for path, record, by_run in pairs])
+    elif args.stalls:
+        rows = [row for _, record, by_run in pairs for row in stall_rows(record, by_run)]
     else:
         rows = [row for _, record, by_run in pairs for row in prefill_batch_sizes(record, by_run)]
     if not rows:
@@ -399,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.launches:
         print(json.dumps({"launches": rows}, indent=1) if args.json else launch_tables(rows))
+        return 0
+    if args.stalls:
+        print(json.dumps({"stalls": rows}, indent=1) if args.json else stall_table(rows))
         return 0
     fits = fit(rows)
     print(json.dumps({"cells": rows, "fits": fits}, indent=1) if args.json else table(rows) + "\n\n" + fit_table(fits))

@@ -246,3 +246,49 @@ def test_default_output_is_unchanged_by_the_launches_mode(tmp_path: Path, capsys
                   cell("patched", 1, 4, 8, 4.0, 30.0), cell("stock", 2, 2, 4, 4.0, 12.0), cell("stock", 2, 4, 8, 5.0, 35.0)],
         "fits": [fit(2, 0.7, 9.0, 0.721, {"patched": 0.6, "stock": -0.3}, {"patched": 2.0, "stock": 3.2}),
                  fit(4, 2.3, 21.9, 0.961, {"patched": -1.2, "stock": 0.6}, {"patched": 4.0, "stock": 6.5})]}, indent=1) + "\n"
+
+
+def _api(events: list[dict], ttft_ms: dict[str, float], lags: list[tuple[float, float]]) -> list[dict]:
+    """The API server's side of ``events``: one ``api`` event per request (received at its
+    scheduler arrival, first output ``ttft_ms`` later) and the event-loop ``lag`` windows
+    (start, longest late wake-up in s), as the probe writes them."""
+    api = [{"kind": "api", "t": e["t"], "rid": e["rid"], "received": e["t"], "dispatch": e["t"],
+            "first": e["t"] + ttft_ms.get(e["rid"], 5.0) / 1e3} for e in events if e["kind"] == "recv"]
+    return api + [{"kind": "lag", "t": t, "n": 10, "sum": m, "max": m} for t, m in lags]
+
+
+def test_stalls_mode_finds_the_api_servers_pauses_and_the_requests_they_hit(tmp_path: Path, capsys) -> None:
+    """One stall (a 400 ms late wake-up) in the patched server's second cell: it hits the two
+    requests whose way to their first output overlaps it, and the TTFT without them is the
+    other requests'; a 50 ms late wake-up is no stall; the stock server has none."""
+    prefills = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
+    stock, patched = _events(prefills), _events(prefills)
+    arrival = {e["rid"]: e["t"] for e in patched if e["kind"] == "recv"}
+    slow = {"s0": 420.0, "s1": 410.0}  # s0..s7 arrive together; s0 and s1 wait out the stall
+    stall_at = arrival["s0"] + 0.006  # after the others' first output (5 and 5.5 ms)
+    stock += _api(stock, {}, [(0.0, 0.05), (0.5, 0.001)])
+    patched += _api(patched, {**slow, "s2": 5.5}, [(0.0, 0.05), (stall_at, 0.4), (stall_at + 0.9, 0.001)])
+    assert spb.api_stalls(patched) == [(stall_at, stall_at + 0.9, 400.0)]  # to the next window's start
+    assert spb.api_stalls(stock) == []
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps({"environment": {"config": {"concurrency": [2, 4], "rounds": 2, "min_prompts": 0,
+                                                          "warmup": "wave"}},
+                               "runs": [{"variant": v, "boot": 0, "cells": {c: {"median_ttft_ms": 6.0, "p99_ttft_ms": p99}
+                                                                            for c in ("2", "4")}}
+                                        for v, p99 in (("stock", 5.0), ("patched", 400.0))]}))
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": stock},
+                                        "timeline/patched-boot0/timeline-2.json": {"events": patched}})
+    assert spb.main(["--stalls", "--json", str(rec), str(logs)]) == 0
+    rows = {(r["variant"], r["concurrency"]): r for r in json.loads(capsys.readouterr().out)["stalls"]}
+    first, second = rows["patched", 2], rows["patched", 4]
+    assert first["stalls"] == [] and first["hit"] == 0 and first["requests"] == 4
+    assert second["stalls"] == [400.0] and second["hit"] == 2 and second["requests"] == 8
+    assert second["api_p50_ms"] == 5.0 and second["clean_p50_ms"] == 5.0  # five 5 ms requests and one 5.5 ms stay
+    assert second["api_p99_ms"] == pytest.approx(419.3) and second["clean_p99_ms"] == pytest.approx(5.5)
+    assert rows["stock", 4]["stalls"] == [] and rows["stock", 4]["api_p99_ms"] == 5.0
+    assert spb.main(["--stalls", str(rec), str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert "| 4 | 0 of 1 / 1 of 1 | 0 / 2 | 6.0 -> 6.0 (x1.000) | 5.0 -> 400.0 (x0.013) | 5.0 -> 5.0 (x1.000) " \
+           "| 5.0 -> 5.0 (x1.000) | 5.0 -> 419.3 (x0.012) | 5.0 -> 5.5 (x0.909) |" in out
+    assert spb.main(["--stalls", "--launches", str(rec), str(logs)]) == 2
+    assert "not both" in capsys.readouterr().err
