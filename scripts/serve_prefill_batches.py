@@ -373,7 +373,9 @@ def _percentile(values: list[float], q: float) -> float:
 def stall_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per boot and cell: variant, boot, concurrency, ``requests`` (measured requests with
     the API server's timestamps), ``stalls`` (the longest late wake-ups, ms, of the stalls that
-    overlap the cell: from its first measured arrival to its last first output), ``hit`` (the
+    overlap the cell: from its first measured arrival to its last first output; None for a
+    timeline without ``lag`` events), ``api_gc_ms`` (the API server's full garbage collections in
+    that span, ms; records before the probe watched collections have none), ``hit`` (the
     requests whose received -> first output overlaps a stall), the API server's TTFT p50 / p99 of
     every request (``api_p50_ms``, ``api_p99_ms``) and of the others (``clean_p50_ms``,
     ``clean_p99_ms``), and the client's TTFT p50 / p99 of the cell (``bench_serving``'s)."""
@@ -381,6 +383,8 @@ def stall_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) 
     for run, events, cells in split_cells(record, by_run):
         api = {e["rid"]: e for e in events if e["kind"] == "api"}
         stalls = api_stalls(events)
+        lagged = any(e["kind"] == "lag" for e in events)  # records before the lag probe have none
+        full_gcs = [e for e in events if e["kind"] == "gc" and e.get("where") == "api" and e["gen"] == 2]
         for c, _, arrivals in cells:
             spans = [(api[e["rid"]]["received"], api[e["rid"]]["first"]) for e in arrivals if e["rid"] in api]
             if not spans:
@@ -391,7 +395,8 @@ def stall_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) 
             every = [(b - a) * 1e3 for a, b in spans]
             cell = run["cells"][c]
             rows.append({"variant": run["variant"], "boot": run["boot"], "concurrency": int(c), "requests": len(spans),
-                         "stalls": [ms for *_, ms in inside], "hit": len(spans) - len(clean),
+                         "stalls": [ms for *_, ms in inside] if lagged else None, "hit": len(spans) - len(clean),
+                         "api_gc_ms": [round((g["t1"] - g["t"]) * 1e3, 1) for g in full_gcs if lo <= g["t"] < hi],
                          "api_p50_ms": round(_percentile(every, 50), 1), "api_p99_ms": round(_percentile(every, 99), 1),
                          "clean_p50_ms": round(_percentile(clean, 50), 1) if clean else None,
                          "clean_p99_ms": round(_percentile(clean, 99), 1) if clean else None,
@@ -400,8 +405,8 @@ def stall_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) 
 
 
 def stall_table(rows: list[dict[str, Any]]) -> str:
-    """Per concurrency: each side's stalls (boots with one in the cell / boots) and the requests
-    they hit, then stock -> patched medians over boots of the client's TTFT p50 / p99 and the API
+    """Per concurrency: each side's stalls (boots with one in the cell / boots with lag data), the
+    requests they hit and the API server's full garbage collections, then stock -> patched medians over boots of the client's TTFT p50 / p99 and the API
     server's, with every request and without the stalled ones (x: how much better patched is)."""
     def med(side: list[dict[str, Any]], key: str) -> float | None:
         have = [r[key] for r in side if r[key] is not None]
@@ -413,17 +418,22 @@ def stall_table(rows: list[dict[str, Any]]) -> str:
             return "-"
         return f"{a:.1f} -> {b:.1f} (x{a / b:.3f})"
 
-    lines = ["| conc | boots with a stall (stock / patched) | requests hit | client TTFT p50 | client TTFT p99 "
-             "| API TTFT p50 | API TTFT p50 without the stalled | API TTFT p99 | API TTFT p99 without the stalled |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    def gcs(side: list[dict[str, Any]]) -> str:
+        ms = [g for r in side for g in r["api_gc_ms"]]
+        return f"{len(ms)} (longest {max(ms):.0f} ms)" if ms else "0"
+
+    lines = ["| conc | boots with a stall (stock / patched) | requests hit | API server full GCs (stock / patched) "
+             "| client TTFT p50 | client TTFT p99 | API TTFT p50 | API TTFT p50 without the stalled | API TTFT p99 "
+             "| API TTFT p99 without the stalled |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in sorted({r["concurrency"] for r in rows}):
         st = [r for r in rows if r["concurrency"] == c and r["variant"] == "stock"]
         pa = [r for r in rows if r["concurrency"] == c and r["variant"] == "patched"]
         if not st or not pa:
             continue
-        n = "{} / {}".format(*(f"{sum(1 for r in side if r['stalls'])} of {len(side)}" for side in (st, pa)))
+        n = "{} / {}".format(*(f"{sum(1 for r in side if r['stalls'])} of {sum(1 for r in side if r['stalls'] is not None)}"
+                               for side in (st, pa)))
         hit = "{} / {}".format(*(sum(r["hit"] for r in side) for side in (st, pa)))
-        lines.append(f"| {c} | {n} | {hit} | " + " | ".join(pair(st, pa, k) for k in (
+        lines.append(f"| {c} | {n} | {hit} | {gcs(st)} / {gcs(pa)} | " + " | ".join(pair(st, pa, k) for k in (
             "client_p50_ms", "client_p99_ms", "api_p50_ms", "clean_p50_ms", "api_p99_ms", "clean_p99_ms")) + " |")
     return "\n".join(lines)
 

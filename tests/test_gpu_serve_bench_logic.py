@@ -265,6 +265,55 @@ def test_wait_until_ready_says_why_a_server_never_answered(tmp_path: Path) -> No
 # ----------------------------------------------------------------------------- the scheduler timeline
 
 st = child_env.probe_module("sched_timeline")
+REAL_WATCH_GC = st.Timeline.watch_gc
+
+
+@pytest.fixture(autouse=True)
+def _gc_watch_recorded(monkeypatch) -> list:
+    """The probe's garbage-collection hook would stay in this test process and add ``gc`` events
+    whenever pytest collects: every test gets a stand-in that only records who asked for it."""
+    asked: list = []
+    monkeypatch.setattr(st.Timeline, "watch_gc", lambda self, where: asked.append((self, where)))
+    return asked
+
+
+def test_timeline_probe_records_full_and_long_garbage_collections(tmp_path: Path, _gc_watch_recorded) -> None:
+    """A full collection gives a ``gc`` event (start, end, generation 2, objects collected); a
+    young one that was quick gives none. Both processes' probes watch: the scheduler's install
+    and the API server's."""
+    import gc
+
+    tl = st.Timeline(str(tmp_path))
+    REAL_WATCH_GC(tl, "api")
+    gc.disable()  # no automatic collection takes the cycles first
+    try:
+        junk = [[i] for i in range(1000)]
+        for x in junk:
+            x.append(x)  # cycles only the collector frees
+        del junk
+        gc.collect()
+        full = [e for e in tl.events if e["kind"] == "gc"]
+        assert len(full) == 1 and full[0]["gen"] == 2 and full[0]["collected"] >= 1000 and full[0]["where"] == "api"
+        assert full[0]["t"] <= full[0]["t1"]
+        before = len(tl.events)
+        gc.collect(0)
+        assert all(e["gen"] == 2 or e["t1"] - e["t"] >= st.GC_MIN_S for e in tl.events[before:])
+    finally:
+        gc.enable()
+        gc.callbacks.remove(tl.gc_hook)
+    sched_tl, api_tl = st.Timeline(str(tmp_path)), st.Timeline(str(tmp_path))
+
+    class Scheduler:
+        def process_input_requests(self, recv_reqs): ...
+        def run_batch(self, batch): ...
+        def process_batch_result(self, batch, result): ...
+
+    class TokenizerManager:
+        async def _handle_batch_output(self, recv_obj): ...
+
+    sched_tl.install(Scheduler)
+    api_tl.install_api(TokenizerManager)
+    assert _gc_watch_recorded == [(sched_tl, "scheduler"), (api_tl, "api")]
 
 
 def test_timeline_probe_wraps_the_methods_sglangs_scheduler_has(sglang_loaded, tmp_path: Path) -> None:

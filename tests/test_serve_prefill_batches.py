@@ -268,6 +268,10 @@ def test_stalls_mode_finds_the_api_servers_pauses_and_the_requests_they_hit(tmp_
     stall_at = arrival["s0"] + 0.006  # after the others' first output (5 and 5.5 ms)
     stock += _api(stock, {}, [(0.0, 0.05), (0.5, 0.001)])
     patched += _api(patched, {**slow, "s2": 5.5}, [(0.0, 0.05), (stall_at, 0.4), (stall_at + 0.9, 0.001)])
+    patched += [{"kind": "gc", "t": stall_at, "t1": stall_at + 0.38, "gen": 2, "collected": 9, "where": "api"},
+                {"kind": "gc", "t": stall_at, "t1": stall_at + 0.2, "gen": 2, "collected": 9, "where": "scheduler"},
+                {"kind": "gc", "t": stall_at, "t1": stall_at + 0.01, "gen": 1, "collected": 9, "where": "api"}]
+    patched.sort(key=lambda e: e["t"])
     assert spb.api_stalls(patched) == [(stall_at, stall_at + 0.9, 400.0)]  # to the next window's start
     assert spb.api_stalls(stock) == []
     rec = tmp_path / "r.json"
@@ -281,14 +285,22 @@ def test_stalls_mode_finds_the_api_servers_pauses_and_the_requests_they_hit(tmp_
     assert spb.main(["--stalls", "--json", str(rec), str(logs)]) == 0
     rows = {(r["variant"], r["concurrency"]): r for r in json.loads(capsys.readouterr().out)["stalls"]}
     first, second = rows["patched", 2], rows["patched", 4]
-    assert first["stalls"] == [] and first["hit"] == 0 and first["requests"] == 4
+    assert first["stalls"] == [] and first["hit"] == 0 and first["requests"] == 4 and first["api_gc_ms"] == []
+    assert second["api_gc_ms"] == [380.0]  # the API server's full collection only
     assert second["stalls"] == [400.0] and second["hit"] == 2 and second["requests"] == 8
     assert second["api_p50_ms"] == 5.0 and second["clean_p50_ms"] == 5.0  # five 5 ms requests and one 5.5 ms stay
     assert second["api_p99_ms"] == pytest.approx(419.3) and second["clean_p99_ms"] == pytest.approx(5.5)
     assert rows["stock", 4]["stalls"] == [] and rows["stock", 4]["api_p99_ms"] == 5.0
     assert spb.main(["--stalls", str(rec), str(logs)]) == 0
     out = capsys.readouterr().out
-    assert "| 4 | 0 of 1 / 1 of 1 | 0 / 2 | 6.0 -> 6.0 (x1.000) | 5.0 -> 400.0 (x0.013) | 5.0 -> 5.0 (x1.000) " \
+    assert "| 4 | 0 of 1 / 1 of 1 | 0 / 2 | 0 / 1 (longest 380 ms) | 6.0 -> 6.0 (x1.000) | 5.0 -> 400.0 (x0.013) | 5.0 -> 5.0 (x1.000) " \
            "| 5.0 -> 5.0 (x1.000) | 5.0 -> 419.3 (x0.012) | 5.0 -> 5.5 (x0.909) |" in out
+    # A timeline without lag events (records before the lag probe) has no stall data, not no stall.
+    no_lag = _tar(tmp_path / "n.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": [
+        e for e in stock if e["kind"] != "lag"]}, "timeline/patched-boot0/timeline-2.json": {"events": patched}})
+    assert all(r["stalls"] is None for r in spb.stall_rows(json.loads(rec.read_text()), spb.timelines(no_lag))
+               if r["variant"] == "stock")
+    assert spb.main(["--stalls", str(rec), str(no_lag)]) == 0
+    assert "| 4 | 0 of 0 / 1 of 1 |" in capsys.readouterr().out
     assert spb.main(["--stalls", "--launches", str(rec), str(logs)]) == 2
     assert "not both" in capsys.readouterr().err

@@ -64,6 +64,9 @@ events go to ``timeline-<pid>.json`` in ``SMOKE_PROBE_DIR`` from a daemon thread
 second (SGLang SIGKILLs its scheduler at shutdown). The wrappers cost a few microseconds per
 call (on CUDA, one or two event records more); the benchmark runs them on both sides alike.
 
+In both processes it also records Python's garbage collections that were full ones or took
+``GC_MIN_S`` or longer (``gc`` events): a collection pauses the whole process.
+
 In the API server's process (SGLang's ``TokenizerManager``, on its first
 ``_handle_batch_output`` call) it wraps that method: one ``api`` event per request whose first
 output it handles, with SGLang's own timestamps of that request (received, sent to the
@@ -103,6 +106,9 @@ SAMPLE_S = 1e-3
 SAMPLE_DEPTH = 3
 #: The parts of TTFT outside the scheduler, from the API server's ``api`` events.
 API_PARTS = ("api_before_dispatch", "dispatch_to_sched", "sched_to_api", "api_total")
+#: Python garbage collections (``gc`` events, scheduler and API server alike): every full
+#: (generation 2) one and any other that took this long (s).
+GC_MIN_S = 2e-3
 #: The API server's event-loop lag: a task sleeps LAG_SLEEP_S again and again and records how
 #: late it wakes, summed per LAG_WINDOW_S (one ``lag`` event per window).
 LAG_SLEEP_S = 0.002
@@ -385,7 +391,29 @@ class Timeline:
         _handle_batch_output.__wrapped__ = orig  # type: ignore[attr-defined]
         _handle_batch_output.__qualname__ = "sched_timeline._handle_batch_output"
         tm_cls._handle_batch_output = _handle_batch_output
+        self.watch_gc("api")
         threading.Thread(target=self._ticker, name="api-timeline", daemon=True).start()
+
+    def watch_gc(self, where: str) -> None:
+        """One ``gc`` event per Python garbage collection in this process that was a full one
+        (generation 2) or took ``GC_MIN_S`` or longer: start, end, generation, objects
+        collected, ``where`` (``"scheduler"`` or ``"api"``). A collection stops every thread of
+        the process, the event loop too."""
+        import gc
+
+        started: list[float] = []
+
+        def on_gc(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                started[:] = [time.time()]
+            elif started:
+                t0, t1 = started[0], time.time()
+                if info.get("generation") == 2 or t1 - t0 >= GC_MIN_S:
+                    self.add({"kind": "gc", "t": t0, "t1": t1, "gen": info.get("generation"),
+                              "collected": info.get("collected"), "where": where})
+
+        self.gc_hook = on_gc
+        gc.callbacks.append(on_gc)
 
     async def _loop_lag(self) -> None:
         """Runs on the API server's event loop: how late a short sleep wakes, per window."""
@@ -461,6 +489,7 @@ class Timeline:
         sched_cls.run_batch = run_batch
         sched_cls.process_batch_result = process_batch_result
         self._wrap_syncs(threading.get_ident())
+        self.watch_gc("scheduler")
         threading.Thread(target=self._ticker, name="sched-timeline", daemon=True).start()
         threading.Thread(target=self._sampler, args=(threading.get_ident(),),
                          name="sched-timeline-sampler", daemon=True).start()
