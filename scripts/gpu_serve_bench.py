@@ -62,7 +62,9 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          "patched-prefill-first": ("strict", {"SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"}),
          # back-port 17's barrier off: what it costs
          "patched-no-war": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER": "0"}),
-         "patched-mla-mirror": ("strict", dict(child_env.MLA_MIRROR_ENV))}
+         "patched-mla-mirror": ("strict", dict(child_env.MLA_MIRROR_ENV)),
+         # back-port 19's opt-in on: requests taken in while a finished request's lookahead runs
+         "patched-early-intake": ("strict", {"SGLANG_FUTUREMAP_EARLY_INTAKE": "1"})}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
 MODE_NOTES = {
     "patched-prefill-first": "the plugin with back-port 16's opt-in on: a small or finished prefill's result "
@@ -70,6 +72,8 @@ MODE_NOTES = {
     "patched-no-war": "the plugin with back-port 17's WAR barrier off",
     "patched-mla-mirror": "the plugin with back-port 18 off (SGLANG_FUTUREMAP_FA3_MLA=0): FA3 with MLA "
                           "keeps the host mirror",
+    "patched-early-intake": "the plugin with back-port 19's opt-in on: requests that arrive while a finished "
+                            "request's lookahead decode runs are launched before its result is waited on",
 }
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")

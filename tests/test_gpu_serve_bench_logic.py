@@ -126,7 +126,8 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
     from sglang_futuremap_patch.backports import prefill_result_first
 
     assert prefill_result_first.PREFILL_RESULT_FIRST_ENV in env
-    assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war", "patched-mla-mirror"}
+    assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war", "patched-mla-mirror",
+                                   "patched-early-intake"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -819,6 +820,14 @@ def test_no_war_variant_is_the_plugin_with_back_port_17_off() -> None:
 
     mode, env = sb.MODES["patched-no-war"]
     assert mode == "strict" and env == {war_barrier.WAR_BARRIER_ENV: "0"}
+
+
+def test_early_intake_variant_is_the_plugin_with_back_port_19_on() -> None:
+    from sglang_futuremap_patch.backports import early_intake
+
+    mode, env = sb.MODES["patched-early-intake"]
+    assert mode == "strict" and env == {early_intake.EARLY_INTAKE_ENV: "1"}
+    assert "back-port 19" in sb.MODE_NOTES["patched-early-intake"]
 
 
 # ----------------------------------------------------------------------------- DeepSeek MTP (MLA)

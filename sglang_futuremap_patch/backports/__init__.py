@@ -27,6 +27,7 @@ SERIES: tuple[str, ...] = (
     "prefill_result_first",
     "war_barrier",
     "fa3_mla_device_metadata",
+    "early_intake",
 )
 
 
