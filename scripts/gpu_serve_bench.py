@@ -553,6 +553,8 @@ def run_server(variant: str, boot: int, target: str, draft: str | None, args: ar
             # A stock server that got patched, or a patched one that did not: no comparison.
             run["error"] = f"{variant} server: plugin {'applied' if applied else 'not applied'}"
             return run
+        if getattr(args, "freeze_gc", False):
+            run["freeze_gc"] = freeze_gc(port)
         for c in args.concurrency:
             if time.monotonic() > deadline:
                 run["error"] = f"cut off by --budget before concurrency {c}"
@@ -585,6 +587,22 @@ def run_server(variant: str, boot: int, target: str, draft: str | None, args: ar
     if timeline_dir is not None:
         add_sched_breakdown(run, timeline_dir, windows)
     return run
+
+
+def freeze_gc(port: int) -> str:
+    """SGLang's own ``/freeze_gc`` on the server at ``port`` (what its long-garbage-collection
+    warning recommends after warm-up): its API server, scheduler and detokenizer move every
+    object they hold now out of the collector's reach, so a later full collection has far less
+    to scan. ``"ok"``, or why not."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/freeze_gc", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return "ok" if reply.status == 200 else f"HTTP {reply.status}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"failed: {exc}"
 
 
 def upstream_env(env: dict[str, str], site: str) -> dict[str, str]:
@@ -629,7 +647,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
                        "input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
                        "rounds": args.rounds,
                        "min_prompts": args.min_prompts, "concurrency": args.concurrency, "boots": args.boots,
-                       "warmup": args.warmup}}
+                       "warmup": args.warmup, "freeze_gc": bool(getattr(args, "freeze_gc", False))}}
 
 
 def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
@@ -649,7 +667,8 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
              + (f", model {env['config']['model_name']}" if "model_name" in env["config"] else "")
              + (f", {env['config']['model'].split('; ')[-1]}" if "model" in env["config"] else "")
              + (f"; a boot's variants ran at the same time on GPUs {','.join(env['config']['gpus'])}, "
-                "the GPU of each side alternating with the boot" if env["config"].get("gpus") else ""),
+                "the GPU of each side alternating with the boot" if env["config"].get("gpus") else "")
+             + ("; SGLang's /freeze_gc called once each server was ready" if env["config"].get("freeze_gc") else ""),
              "",
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
@@ -727,6 +746,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=540, help="seconds for the whole run; a cut-off is recorded")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--port", type=int, default=31200)
+    p.add_argument("--freeze-gc", action="store_true",
+                   help="once each server is ready, call SGLang's /freeze_gc (both sides alike): full garbage "
+                        "collections in its processes then scan only what came after (the 330-455 ms API-server "
+                        "stall of results/serve-bench/h200x2-final); off: the server as users start it")
     p.add_argument("--timeline", action="store_true",
                    help="record the scheduler timeline (scripts/gpu_probe/sched_timeline.py) and split each "
                         "cell's TTFT inside the scheduler (cells' 'sched'; on CUDA also the GPU side of prefill "

@@ -925,6 +925,52 @@ def test_run_server_starts_the_model_it_is_told_with_its_variants_environment(tm
     assert "SGLANG_FUTUREMAP_FA3_MLA" not in env_p and env_m["SGLANG_FUTUREMAP_FA3_MLA"] == "0"
 
 
+def test_freeze_gc_posts_sglangs_endpoint_once_the_server_is_ready(tmp_path: Path, monkeypatch) -> None:
+    """``--freeze-gc``: a ready server gets one POST /freeze_gc before its first cell (the
+    record keeps the answer and says so); without it none; an endpoint that answers with an
+    error or not at all is recorded, not raised."""
+    import http.server
+    import threading
+    import time
+
+    asked: list[tuple[str, str]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            asked.append(("POST", self.path))
+            self.send_response(200 if self.path == "/freeze_gc" else 404)
+            self.end_headers()
+
+        def log_message(self, *a):  # quiet
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert sb.freeze_gc(port) == "ok" and asked == [("POST", "/freeze_gc")]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert sb.freeze_gc(port).startswith("failed: ")  # nobody listens there now
+    # In run_server: after the server is ready (here: at once) and before the first cell.
+    _no_processes(monkeypatch)
+    monkeypatch.setattr(sb.launch, "wait_until_ready", lambda *a, **k: None)
+    called: list[int] = []
+    monkeypatch.setattr(sb, "freeze_gc", lambda p: called.append(p) or "ok")
+    for freeze in (True, False):
+        args = argparse.Namespace(out=tmp_path, timeline=False, upstream_site="none", backend="default", server_arg=[],
+                                  concurrency=[], spec="chain", model="8b", freeze_gc=freeze)
+        run = sb.run_server("stock", 0, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=7)
+        assert run["error"] is None and run.get("freeze_gc") == ("ok" if freeze else None)
+    assert called == [7]
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "default", "server_args": [], "freeze_gc": True}}, "runs": [
+            {"variant": v, "boot": 0, "cells": {"16": {"median_ttft_ms": 14.0}}} for v in ("stock", "patched")]}))
+    assert "SGLang's /freeze_gc called once each server was ready" in sb.merge([doc])
+
+
 def _model_record(path: Path, runs: list, model_name: str | None) -> Path:
     config = {"backend": "default", "server_args": [], "model": "x; its own NextN layer as draft, 3/1/4"}
     if model_name:

@@ -11,6 +11,8 @@
 #   bash scripts/gpu/run_serve_bench.sh --spec tree --concurrency 1,16,45   # the Llama auto tree 5/4/8 (stock: spec v1)
 #   bash scripts/gpu/run_serve_bench.sh --gpus 2 --backend triton --variants stock,patched,patched-early-intake \
 #       --timeline --boots 3 --concurrency 1,4,16   # back-port 19's opt-in beside the plugin as it ships
+#   bash scripts/gpu/run_serve_bench.sh --gpus 2 --timeline --freeze-gc --concurrency 32,45,48   # SGLang's /freeze_gc
+#       once each server is ready (both sides): the cells without the one long API-server collection per server
 #   bash scripts/gpu/run_serve_bench.sh --gpus 2 --boots 2   # two-GPU machine (nvidia-h100-x2): each boot's stock and
 #       (patched servers at the same time, one per GPU, the card of each side alternating with the boot: twice
 #       the boots per device-minute; FA3 staged the same way; one host, so both servers share its CPUs)
