@@ -257,6 +257,13 @@ def all_cases() -> list[Case]:
     # in the soak, so that any difference is the plugin's.
     cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))))
+    # Back-port 19's opt-in (early intake) on: each batch of the matrix workload, and each HTTP
+    # arrival after the running batch emptied, may be launched while the last one's lookahead
+    # decode still runs. Stock ignores the switch (the plugin is off there).
+    intake = (("SGLANG_FUTUREMAP_EARLY_INTAKE", "1"),)
+    cases.append(Case("intake-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix", env=intake))
+    cases.append(Case("intake-http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
+                      (("skip_tokenizer_init", False), ("enable_deterministic_inference", True)), env=intake))
     return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + mla_cases()
             + tree_cases() + tree_v2_cases() + tree_v2_det_cases())
 
@@ -503,6 +510,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "tree": ("tree-*",),
     "tree-v2": ("treev2-*",),
     "tree-v2-det": ("treev2det-*",),
+    "intake": ("intake-*",),
 }
 
 

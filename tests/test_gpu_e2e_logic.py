@@ -42,8 +42,22 @@ def test_matrix_covers_every_combination_once() -> None:
                                                               ("STANDALONE", "flashinfer", True),
                                                               ("STANDALONE", "default", True)}
     assert [c.name for c in e2e.all_cases() if c.server] == ["http-eagle3-triton-graph-nopcg",
+                                                               "intake-http-eagle3-triton-graph-nopcg",
                                                                "tree-auto-eagle3-http-default"]
     assert len({c.name for c in e2e.all_cases()}) == len(e2e.all_cases())
+
+
+def test_intake_group_runs_back_port_19_on_against_stock() -> None:
+    """The ``intake`` group: back-port 19's opt-in on in both runs (stock ignores it), on the
+    matrix workload and on HTTP arrivals under deterministic inference, judged token for token."""
+    from sglang_futuremap_patch.backports import early_intake
+
+    cases = e2e.select_cases(None, groups=["intake"])
+    assert [c.name for c in cases] == ["intake-eagle3-triton-graph-nopcg", "intake-http-eagle3-triton-graph-nopcg"]
+    assert all(dict(c.env) == {early_intake.EARLY_INTAKE_ENV: "1"} and not c.batch_variant for c in cases)
+    assert [c.profile for c in cases] == ["matrix", "http"]
+    env = e2e.with_case_env({"SGLANG_FUTUREMAP_PATCH": "off"}, cases[0])
+    assert env == {"SGLANG_FUTUREMAP_PATCH": "off", early_intake.EARLY_INTAKE_ENV: "1"}
 
 
 def test_groups_split_the_suite_and_the_fa3_set_covers_what_was_asked() -> None:
@@ -1204,7 +1218,8 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
     for c in e2e.tree_v2_cases() + e2e.tree_v2_det_cases():
         assert c.env == ((e2e.TREE_SPEC_V2_ENV, "1" if c.backend == "flashinfer" else None),), c.name
     assert {c.backend for c in e2e.tree_v2_cases()} >= {"flashinfer", "fa3", "triton", "default"}
-    assert not any(c.env for c in e2e.all_cases() if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-")))
+    assert not any(c.env for c in e2e.all_cases()
+                   if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-", "intake-")))
     seen: dict[str, dict[str, str]] = {}
 
     def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
