@@ -355,7 +355,8 @@ API_COLS = (("median_ttft_ms", "client TTFT p50"), ("sched_api_total_ms", "API s
             ("sched_dispatch_to_sched_ms", "sent -> scheduler received"),
             ("sched_total_ms", "scheduler: received -> first tokens sent"),
             ("sched_sched_to_api_ms", "first tokens sent -> API server"),
-            ("sched_api_loop_lag_ms", "API server loop lag (mean)"))
+            ("sched_api_loop_lag_ms", "API server loop lag (mean)"),
+            ("client_loop_lag_mean_ms", "client loop lag (mean)"), ("client_loop_lag_max_ms", "client loop lag (max)"))
 
 #: The GPU side of prefill launches (``--timeline`` on CUDA, ``sched_timeline.gpu_breakdown``;
 #: records from before have none).
@@ -539,7 +540,9 @@ def run_server(variant: str, boot: int, target: str, draft: str | None, args: ar
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=server_env(server_base, timeline_dir),
                                 start_new_session=True)
     # bench_serving's client imports SGLang once, while the server boots (see serve_bench_client.py).
-    client = BenchClient(env, args.out / "logs" / f"{tag}-bench.log")
+    # With the timeline, the client also samples its own event loop (serve_bench_client.py).
+    client = BenchClient(dict(env, SERVE_BENCH_CLIENT_LAG="1") if args.timeline else env,
+                         args.out / "logs" / f"{tag}-bench.log")
     try:
         # /health_generate: ready once the model has generated, not just once the port is open.
         not_ready = launch.wait_until_ready(proc, f"http://127.0.0.1:{port}/health_generate", deadline, poll_s=2)
@@ -574,6 +577,9 @@ def run_server(variant: str, boot: int, target: str, draft: str | None, args: ar
                 window = f.read()
             result = json.loads(out_file.read_text().strip().splitlines()[-1])
             run["cells"][c] = cell_values(result, occupancy(window))
+            lag = reply.get("client_lag")
+            if lag:
+                run["cells"][c].update(client_loop_lag_mean_ms=lag["mean_ms"], client_loop_lag_max_ms=lag["max_ms"])
             windows[c] = (t_cell, time.time())
             print(f"   {tag} c={c}: TTFT p50 {result.get('median_ttft_ms'):.1f} ms, TPOT p50 "
                   f"{result.get('median_tpot_ms'):.2f} ms, {result.get('output_throughput'):.0f} tok/s", flush=True)

@@ -10,19 +10,71 @@ Protocol: each line on stdin is a JSON list, the arguments of one ``bench_servin
 each the client writes one JSON line on stdout, ``{"rc": 0}`` or ``{"rc": N, "error": "..."}``.
 Everything ``bench_serving`` prints goes to stderr. EOF ends the client.
 
+With ``SERVE_BENCH_CLIENT_LAG=1`` the reply also carries ``client_lag``: how late a 2 ms sleep
+woke on the client's own event loop during the call (``bench_serving`` runs each call in one
+``asyncio.run``; a task beside it samples), as ``{"samples", "mean_ms", "max_ms", "late_10ms"}``.
+A client whose loop is busy (streaming every running request's chunks) stamps first tokens
+late, and the serving record then charges that to the server.
+
     printf '%s\\n' '["--backend", "sglang", "--port", "30000", ...]' | python3 scripts/serve_bench_client.py
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
 import runpy
 import sys
+import time
 import traceback
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 MODULE = "sglang.bench_serving"
+#: The client's loop-lag sampler: how late this sleep wakes.
+LAG_SLEEP_S = 0.002
+
+
+async def sample_lag(stats: dict[str, float]) -> None:
+    """Sleep ``LAG_SLEEP_S`` again and again on the running loop and add how late each wake-up
+    was to ``stats`` (``n``, ``sum``, ``max`` in s, ``late_10ms``: wake-ups 10 ms or more late)."""
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.sleep(LAG_SLEEP_S)
+        late = max(0.0, time.perf_counter() - t0 - LAG_SLEEP_S)
+        stats["n"] += 1
+        stats["sum"] += late
+        stats["max"] = max(stats["max"], late)
+        stats["late_10ms"] += late >= 0.01
+
+
+@contextlib.contextmanager
+def lag_sampled(stats: dict[str, float]) -> Iterator[None]:
+    """While inside: every ``asyncio.run`` runs ``sample_lag`` beside its coroutine."""
+    real = asyncio.run
+
+    def run(main, *a, **k):
+        async def with_sampler():
+            sampler = asyncio.ensure_future(sample_lag(stats))
+            try:
+                return await main
+            finally:
+                sampler.cancel()
+
+        return real(with_sampler(), *a, **k)
+
+    asyncio.run = run
+    try:
+        yield
+    finally:
+        asyncio.run = real
+
+
+def lag_summary(stats: dict[str, float]) -> dict[str, Any]:
+    n = int(stats["n"])
+    return {"samples": n, "mean_ms": round(stats["sum"] * 1e3 / n, 3) if n else None,
+            "max_ms": round(stats["max"] * 1e3, 2), "late_10ms": int(stats["late_10ms"])}
 
 
 def run_one(argv: list[str], run: Callable[..., Any] = runpy.run_module) -> dict[str, Any]:
@@ -32,8 +84,10 @@ def run_one(argv: list[str], run: Callable[..., Any] = runpy.run_module) -> dict
     # Its dependencies stay imported; the module itself runs afresh as ``__main__`` (runpy
     # warns when it is also in sys.modules under its own name).
     sys.modules.pop(MODULE, None)
+    stats = {"n": 0, "sum": 0.0, "max": 0.0, "late_10ms": 0}
+    sampled = os.environ.get("SERVE_BENCH_CLIENT_LAG") == "1"
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), (lag_sampled(stats) if sampled else contextlib.nullcontext()):
             run(MODULE, run_name="__main__", alter_sys=False)
     except SystemExit as exc:  # argparse errors and explicit exits
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -44,7 +98,7 @@ def run_one(argv: list[str], run: Callable[..., Any] = runpy.run_module) -> dict
         return {"rc": 1, "error": f"{type(exc).__name__}: {exc}"}
     finally:
         sys.argv = saved
-    return {"rc": 0}
+    return {"rc": 0, "client_lag": lag_summary(stats)} if sampled else {"rc": 0}
 
 
 def serve(lines: TextIO, out: TextIO, run: Callable[..., Any] = runpy.run_module) -> int:

@@ -794,6 +794,41 @@ def test_bench_client_runs_bench_servings_own_command_line(monkeypatch, capsys) 
     assert "results table" in capsys.readouterr().err
 
 
+def test_bench_client_samples_its_own_event_loop_when_asked(monkeypatch) -> None:
+    """With SERVE_BENCH_CLIENT_LAG=1 every ``asyncio.run`` of a call gets a sampler beside it and
+    the reply says how late the client's loop woke: a coroutine that blocks its loop for 50 ms
+    shows as one wake-up at least 40 ms late. Without the switch the reply is as before, and
+    ``asyncio.run`` is the real one again after each call."""
+    import asyncio
+    import io
+    import time as _time
+
+    import serve_bench_client as sc
+
+    real_run = asyncio.run
+
+    def fake_run(name, run_name, alter_sys):
+        async def bench():
+            await asyncio.sleep(0.02)
+            _time.sleep(0.05)  # the loop is blocked: a late wake-up
+            await asyncio.sleep(0.02)
+            return "done"
+
+        assert asyncio.run(bench()) == "done"
+
+    monkeypatch.setenv("SERVE_BENCH_CLIENT_LAG", "1")
+    out = io.StringIO()
+    assert sc.serve(io.StringIO('["--port", "1"]\n'), out, run=fake_run) == 0
+    reply = json.loads(out.getvalue())
+    lag = reply["client_lag"]
+    assert reply["rc"] == 0 and lag["samples"] >= 3 and lag["max_ms"] >= 40 and lag["late_10ms"] >= 1
+    assert asyncio.run is real_run
+    monkeypatch.delenv("SERVE_BENCH_CLIENT_LAG")
+    out = io.StringIO()
+    assert sc.serve(io.StringIO('["--port", "1"]\n'), out, run=fake_run) == 0
+    assert json.loads(out.getvalue()) == {"rc": 0}
+
+
 def test_bench_client_process_answers_each_call_and_times_out(tmp_path: Path) -> None:
     echo = ("import sys, json, time\n"
             "for line in sys.stdin:\n"
@@ -969,6 +1004,41 @@ def test_freeze_gc_posts_sglangs_endpoint_once_the_server_is_ready(tmp_path: Pat
         "backend": "default", "server_args": [], "freeze_gc": True}}, "runs": [
             {"variant": v, "boot": 0, "cells": {"16": {"median_ttft_ms": 14.0}}} for v in ("stock", "patched")]}))
     assert "SGLang's /freeze_gc called once each server was ready" in sb.merge([doc])
+
+
+def test_timeline_runs_have_the_client_sample_its_loop_and_cells_keep_it(tmp_path: Path, monkeypatch) -> None:
+    """``--timeline``: the bench client gets SERVE_BENCH_CLIENT_LAG=1 (without it, not), and the
+    lag its reply carries lands in the cell and in the summary's outside-the-scheduler table."""
+    import time
+
+    launched = _no_processes(monkeypatch)
+    monkeypatch.setattr(sb.launch, "wait_until_ready", lambda *a, **k: None)
+    monkeypatch.setattr(sb, "add_sched_breakdown", lambda run, d, w: None)
+    monkeypatch.setattr(sb.time, "sleep", lambda s: None)
+
+    def call(self, argv, timeout):
+        out = Path(argv[argv.index("--output-file") + 1])
+        out.write_text(json.dumps({"median_ttft_ms": 10.0, "median_tpot_ms": 2.0, "output_throughput": 100.0,
+                                   "completed": 4}) + "\n")
+        return {"rc": 0, "client_lag": {"samples": 9, "mean_ms": 0.25, "max_ms": 12.5, "late_10ms": 1}}
+
+    monkeypatch.setattr(sb.BenchClient, "call", call)
+    runs = []
+    for timeline in (True, False):
+        args = argparse.Namespace(out=tmp_path, timeline=timeline, upstream_site="none", backend="default",
+                                  server_arg=[], concurrency=[16], spec="chain", model="8b", rounds=4, min_prompts=12,
+                                  dataset="random-ids", input_len=256, output_len=256, range_ratio=1.0,
+                                  warmup="wave", seed=1)
+        runs.append(sb.run_server("stock", 0, "/m/t", "/m/d", args, deadline=time.monotonic() + 60, port=7))
+    (_, _), (_, client_env), (_, _), (_, client_env_off) = launched
+    assert client_env["SERVE_BENCH_CLIENT_LAG"] == "1" and "SERVE_BENCH_CLIENT_LAG" not in client_env_off
+    assert runs[0]["error"] is None, runs[0]["error"]
+    cell = runs[0]["cells"][16]
+    assert cell["client_loop_lag_mean_ms"] == 0.25 and cell["client_loop_lag_max_ms"] == 12.5
+    summary = sb.summarize([dict(runs[0], variant=v, cells={16: dict(cell, sched={"total_ms": 5.0, "api_total_ms": 9.0})})
+                            for v in ("stock", "patched")])
+    table = sb.format_sched_table(summary, sb.API_COLS)
+    assert "client loop lag (max)" in table and "12.50 -> 12.50" in table
 
 
 def _model_record(path: Path, runs: list, model_name: str | None) -> Path:
