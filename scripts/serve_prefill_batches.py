@@ -49,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import gpu_serve_bench as serve  # noqa: E402
+from gpu_harness import records  # noqa: E402
 
 
 def cell_sizes(config: dict[str, Any]) -> list[tuple[str, int, int]]:
@@ -362,14 +363,6 @@ def api_stalls(events: list[dict[str, Any]]) -> list[tuple[float, float, float]]
     return out
 
 
-def _percentile(values: list[float], q: float) -> float:
-    """numpy's default (linear) percentile, as ``bench_serving`` reports p99."""
-    v = sorted(values)
-    k = (len(v) - 1) * q / 100
-    lo = int(k)
-    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (k - lo)
-
-
 def stall_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per boot and cell: variant, boot, concurrency, ``requests`` (measured requests with
     the API server's timestamps), ``stalls`` (the longest late wake-ups, ms, of the stalls that
@@ -378,7 +371,8 @@ def stall_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) 
     that span, ms; records before the probe watched collections have none), ``hit`` (the
     requests whose received -> first output overlaps a stall), the API server's TTFT p50 / p99 of
     every request (``api_p50_ms``, ``api_p99_ms``) and of the others (``clean_p50_ms``,
-    ``clean_p99_ms``), and the client's TTFT p50 / p99 of the cell (``bench_serving``'s)."""
+    ``clean_p99_ms``; ``records.quantile``: numpy's linear percentile, as ``bench_serving``
+    reports), and the client's TTFT p50 / p99 of the cell (``bench_serving``'s)."""
     rows = []
     for run, events, cells in split_cells(record, by_run):
         api = {e["rid"]: e for e in events if e["kind"] == "api"}
@@ -397,17 +391,19 @@ def stall_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) 
             rows.append({"variant": run["variant"], "boot": run["boot"], "concurrency": int(c), "requests": len(spans),
                          "stalls": [ms for *_, ms in inside] if lagged else None, "hit": len(spans) - len(clean),
                          "api_gc_ms": [round((g["t1"] - g["t"]) * 1e3, 1) for g in full_gcs if lo <= g["t"] < hi],
-                         "api_p50_ms": round(_percentile(every, 50), 1), "api_p99_ms": round(_percentile(every, 99), 1),
-                         "clean_p50_ms": round(_percentile(clean, 50), 1) if clean else None,
-                         "clean_p99_ms": round(_percentile(clean, 99), 1) if clean else None,
+                         "api_p50_ms": round(records.quantile(every, 0.5), 1),
+                         "api_p99_ms": round(records.quantile(every, 0.99), 1),
+                         "clean_p50_ms": round(records.quantile(clean, 0.5), 1) if clean else None,
+                         "clean_p99_ms": round(records.quantile(clean, 0.99), 1) if clean else None,
                          "client_p50_ms": round(cell["median_ttft_ms"], 1), "client_p99_ms": round(cell["p99_ttft_ms"], 1)})
     return rows
 
 
 def stall_table(rows: list[dict[str, Any]]) -> str:
     """Per concurrency: each side's stalls (boots with one in the cell / boots with lag data), the
-    requests they hit and the API server's full garbage collections, then stock -> patched medians over boots of the client's TTFT p50 / p99 and the API
-    server's, with every request and without the stalled ones (x: how much better patched is)."""
+    requests they hit and the API server's full garbage collections, then stock -> patched
+    medians over boots of the client's TTFT p50 / p99 and the API server's, with every request
+    and without the stalled ones (x: how much better patched is)."""
     def med(side: list[dict[str, Any]], key: str) -> float | None:
         have = [r[key] for r in side if r[key] is not None]
         return statistics.median(have) if have else None
