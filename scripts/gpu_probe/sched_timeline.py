@@ -33,8 +33,7 @@ a launch) and adds one ``gpu`` event per timed launch, with the launch's ``t``:
   returned, it runs to that return (``host_bound`` then says so);
 * ``gpu_gap_ms`` (same launches, when the launch before has an end event): the previous launch's
   end event -> this start event, GPU ms, at least 0: how long the stream sat idle before this
-  launch because the host had not queued it yet.
-
+  launch because the host had not queued it yet;
 * ``gpu_queue_ms`` (same launches): a reference event recorded on an idle side stream at the
   host's launch start -> this launch's start event, GPU ms, at least 0: how long the launch
   waited on the GPU behind work queued before it (the earlier launches still running), i.e.
@@ -312,7 +311,6 @@ def gpu_event() -> Any:
     return torch.cuda.Event(enable_timing=True)
 
 
-
 class Timeline:
     def __init__(self, out_dir: str) -> None:
         self.out_dir = out_dir
@@ -328,7 +326,8 @@ class Timeline:
         self.lag_started = False
         # GPU timing (scheduler thread only): the previous launch's end event, the previous
         # launch's result copy when it was a prefill; the timed launches not resolved yet
-        # (their t, start, end, previous end), oldest first: one stream completes in order.
+        # (their t, start, end, previous end, side-stream reference), oldest first: one stream
+        # completes in order.
         self.prev_end: Any = None
         self.prefill_copy: Any = None
         self.pending: collections.deque[tuple[float, Any, Any, Any, Any]] = collections.deque()
@@ -494,10 +493,11 @@ class Timeline:
         threading.Thread(target=self._sampler, args=(threading.get_ident(),),
                          name="sched-timeline-sampler", daemon=True).start()
 
-    def gpu_start(self, sched: Any, batch: Any, timed: bool) -> tuple[Any, Any] | None:
+    def gpu_start(self, sched: Any, batch: Any, timed: bool) -> tuple[Any, Any, Any] | None:
         """Before a launch: the earlier launches' GPU times that are ready, then this launch's
-        stream and, for a ``timed`` one (a prefill, the launch after one), a start event recorded
-        there; None off CUDA."""
+        stream and, for a ``timed`` one (a prefill, the launch after one), a reference event on
+        the side stream and a start event on the launch's stream (else None for both); None
+        off CUDA."""
         if self.gpu_off:
             return None
         try:
@@ -515,7 +515,7 @@ class Timeline:
             self._gpu_failed(exc)
             return None
 
-    def gpu_end(self, ev: dict[str, Any], gpu: tuple[Any, Any] | None, prefill_result: Any,
+    def gpu_end(self, ev: dict[str, Any], gpu: tuple[Any, Any, Any] | None, prefill_result: Any,
                 after_prefill: bool) -> None:
         """After a launch: the GPU's progress when the host finished it (``host_bound``,
         ``prev_prefill_done``; ``query()`` only, it never waits), then its end event; its times
@@ -544,8 +544,9 @@ class Timeline:
             self._gpu_failed(exc)
 
     def resolve_gpu(self) -> None:
-        """One ``gpu`` event per timed launch whose end event has completed, oldest first,
-        stopping at the first still in flight."""
+        """One ``ready`` event per prefill result whose end and reference events have both
+        completed, then one ``gpu`` event per timed launch whose end event has, oldest first,
+        each stopping at the first still in flight."""
         while self.pending_ready and self.pending_ready[0][1].query() and self.pending_ready[0][2].query():
             t, end, ref = self.pending_ready.popleft()
             self.add({"kind": "ready", "t": t, "ready_wait_ms": round(end.elapsed_time(ref), 4)})
