@@ -46,8 +46,6 @@ from __future__ import annotations
 import os
 
 from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
-# Spliced into SGLang's scheduler module, the code below finds it there (back-port 17 adds it).
-from sglang_futuremap_patch.backports.war_barrier import war_barrier_wanted  # noqa: F401
 
 #: Set to 1 to turn the early intake on (off by default: not measured yet, module docstring).
 EARLY_INTAKE_ENV = "SGLANG_FUTUREMAP_EARLY_INTAKE"
@@ -68,7 +66,9 @@ def lookahead_in_flight(self):
         or self.recv_skipper is not None
         or self.input_blocker is not None
         or not getattr(self, "result_queue", None)
-        or not war_barrier_wanted(self)
+        # Back-port 17's decision, made by its apply_war_barrier at the start of the same
+        # get_next_batch_to_run that asks here.
+        or not self.__dict__.get("war_barrier")
     ):
         return None
     batch, result = self.result_queue[0]
