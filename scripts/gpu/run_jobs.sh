@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Several GPU entry points at the same time, each on its own GPUs, after one shared setup (the
+# bundle unpacked and the plugin installed once; two entry points doing it at once would race).
+# Meant for a four-GPU machine (nvidia-h100-x4 / nvidia-h200-x4): two stock/patched pairs of
+# run_serve_bench.sh --gpus 2 side by side, twice the boots per device-minute. Every job's stock
+# and patched servers still run at the same time on one host, so each comparison stays within a
+# job; the jobs share the host's CPUs (64 cores on those machines).
+#
+#   bash scripts/gpu/run_jobs.sh \
+#       'gsp|0,1|bash scripts/gpu/run_serve_bench.sh --gpus 2 --dataset generated-shared-prefix --boots 3' \
+#       'intake|2,3|bash scripts/gpu/run_serve_bench.sh --gpus 2 --port 32200 --backend triton --boots 3'
+#
+# A job is NAME|GPUS|COMMAND. COMMAND runs under bash with CUDA_VISIBLE_DEVICES=GPUS, OUT=$OUT/NAME
+# and the entry points' skip-install knobs set; its output goes to $OUT/NAME/job.log. Several
+# commands in one job run one after the other: 'e|0,1|OUT=$OUT/a bash ...; OUT=$OUT/b bash ...'
+# (single quotes: $OUT is the job's). Give each job's servers their own ports (--port).
+# Exit status: the largest of the jobs' (2 when an argument is malformed or the setup fails).
+set -uo pipefail
+
+if [ $# -eq 0 ] || [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+    sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+    [ $# -eq 0 ] && exit 2
+    exit 0
+fi
+
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+names=()
+for job in "$@"; do
+    IFS='|' read -r name gpus command <<< "$job"
+    if [ -z "$name" ] || [ -z "$gpus" ] || [ -z "$command" ] || [[ ! "$name" =~ ^[A-Za-z0-9._-]+$ ]] \
+            || [[ ! "$gpus" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+        echo "error: a job is NAME|GPUS|COMMAND (NAME of letters, digits, . _ -; GPUS like 0,1), got: $job" >&2
+        exit 2
+    fi
+    for seen in "${names[@]}"; do
+        if [ "$seen" = "$name" ]; then echo "error: two jobs named $name" >&2; exit 2; fi
+    done
+    names+=("$name")
+done
+
+gpu_enter_repo
+gpu_use_bundle "/tmp/site312"
+gpu_install_plugin 0 > "$OUT/setup.log" 2>&1 || { echo "setup FAILED"; cat "$OUT/setup.log"; exit 2; }
+
+pids=()
+for job in "$@"; do
+    IFS='|' read -r name gpus command <<< "$job"
+    mkdir -p "$OUT/$name"
+    echo "== job $name on GPUs $gpus: $command"
+    CUDA_VISIBLE_DEVICES="$gpus" OUT="$OUT/$name" SERVE_SKIP_INSTALL=1 E2E_SKIP_INSTALL=1 \
+        SERVE_SITE=/tmp/site312 E2E_SITE=/tmp/site312 \
+        bash -c "$command" > "$OUT/$name/job.log" 2>&1 &
+    pids+=($!)
+done
+
+worst=0
+for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    rc=$?
+    echo "== job ${names[$i]}: exit $rc; the end of its log:"
+    tail -25 "$OUT/${names[$i]}/job.log"
+    [ "$rc" -gt "$worst" ] && worst=$rc
+done
+exit "$worst"
