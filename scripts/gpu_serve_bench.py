@@ -155,6 +155,22 @@ def num_prompts(concurrency: int, rounds: int, floor: int) -> int:
     return max(concurrency * rounds, floor)
 
 
+#: ``generated-shared-prefix`` prompts per system prompt (``--gsp-prompts-per-group``).
+GSP_PER_GROUP = 8
+
+
+def gsp_groups(prompts: int) -> int:
+    """System prompts of a ``generated-shared-prefix`` cell of ``prompts`` requests."""
+    return max(1, prompts // GSP_PER_GROUP)
+
+
+def requests_sent(dataset: str, prompts: int) -> int:
+    """Requests ``bench_serving`` measures for ``--num-prompts prompts``: that many, except on
+    ``generated-shared-prefix``, which sends every group's prompts and ignores ``--num-prompts``
+    (12 at concurrency 1 are one group of 8)."""
+    return gsp_groups(prompts) * GSP_PER_GROUP if dataset == "generated-shared-prefix" else prompts
+
+
 def server_argv(model: str, draft: str | None, backend: str, port: int, extra: Sequence[str] = (),
                 spec: str = "chain", served: str = "8b") -> list[str]:
     """The ``launch_server`` command line of one server: ``model`` (the target's directory) as
@@ -184,8 +200,8 @@ def bench_argv(model: str, port: int, concurrency: int, prompts: int, out_file: 
                  "--random-output-len", str(args.output_len),
                  "--random-range-ratio", str(args.range_ratio)]
     else:
-        argv += ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(max(1, prompts // 8)),
-                 "--gsp-prompts-per-group", "8", "--gsp-system-prompt-len", str(args.input_len),
+        argv += ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(gsp_groups(prompts)),
+                 "--gsp-prompts-per-group", str(GSP_PER_GROUP), "--gsp-system-prompt-len", str(args.input_len),
                  "--gsp-question-len", "64", "--gsp-output-len", str(args.output_len)]
     return argv
 

@@ -54,9 +54,11 @@ from gpu_harness import records  # noqa: E402
 
 def cell_sizes(config: dict[str, Any]) -> list[tuple[str, int, int]]:
     """(concurrency, warm-up requests, measured requests) per cell, in the order they ran: the
-    serving benchmark's own counts."""
+    serving benchmark's own counts (``generated-shared-prefix`` sends whole groups)."""
+    dataset = config.get("dataset", "random-ids")
     return [(str(c), serve.warmup_requests(config.get("warmup"), c),
-             serve.num_prompts(c, config["rounds"], config.get("min_prompts", 0))) for c in config["concurrency"]]
+             serve.requests_sent(dataset, serve.num_prompts(c, config["rounds"], config.get("min_prompts", 0))))
+            for c in config["concurrency"]]
 
 
 def timelines(tar_path: Path) -> dict[str, list[dict[str, Any]]]:

@@ -22,6 +22,8 @@ def test_boots_alternate_and_cells_get_enough_requests() -> None:
     assert [sb.boot_order(["stock", "patched"], b) for b in range(3)] == [
         ["stock", "patched"], ["patched", "stock"], ["stock", "patched"]]
     assert sb.num_prompts(1, 3, 12) == 12 and sb.num_prompts(48, 3, 12) == 144
+    assert [sb.requests_sent("generated-shared-prefix", n) for n in (12, 52, 64, 3)] == [8, 48, 64, 8]
+    assert sb.requests_sent("random-ids", 52) == 52
     seeds = {sb.cell_seed(1, c) for c in (1, 4, 8, 13, 16, 32, 45, 48)}
     assert len(seeds) == 8  # every cell its own prompts: no radix-cache hits across cells
 
@@ -82,6 +84,15 @@ def test_bench_command_goes_through_bench_servings_parser(tmp_path: Path, monkey
     captured.clear()
     exec(compile(main.replace('if __name__ == "__main__":', "if True:"), bs.__file__, "exec"), vars(bs))
     assert captured["ns"].random_range_ratio == 0.5
+    # generated-shared-prefix: whole groups of 8, as many as requests_sent counts
+    args.dataset = "generated-shared-prefix"
+    monkeypatch.setattr(sys, "argv", ["bench_serving", *sb.bench_argv("/m/target", 31200, 13, 52, tmp_path / "o.jsonl",
+                                                                      args)[3:]])
+    captured.clear()
+    exec(compile(main.replace('if __name__ == "__main__":', "if True:"), bs.__file__, "exec"), vars(bs))
+    ns = captured["ns"]
+    assert ns.dataset_name == "generated-shared-prefix"
+    assert ns.gsp_num_groups * ns.gsp_prompts_per_group == sb.requests_sent(args.dataset, 52) == 48
 
 
 def _pooled_run(variant: str, boot: int, ttfts: list[float]) -> dict:

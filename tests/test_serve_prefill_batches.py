@@ -304,3 +304,21 @@ def test_stalls_mode_finds_the_api_servers_pauses_and_the_requests_they_hit(tmp_
     assert "| 4 | 0 of 0 / 1 of 1 |" in capsys.readouterr().out
     assert spb.main(["--stalls", "--launches", str(rec), str(logs)]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_generated_shared_prefix_cells_hold_whole_groups(tmp_path: Path) -> None:
+    # bench_serving's generated-shared-prefix sends groups x 8 prompts and ignores --num-prompts: a cell
+    # of concurrency 1 asked for 12 measures 8, and concurrency 13 asked for 52 measures 48.
+    config = {"concurrency": [1, 13], "rounds": 4, "min_prompts": 12, "warmup": "wave",
+              "dataset": "generated-shared-prefix"}
+    assert spb.cell_sizes(config) == [("1", 1, 8), ("13", 13, 48)]
+    assert spb.cell_sizes(dict(config, dataset="random-ids")) == [("1", 1, 12), ("13", 13, 52)]
+    # A timeline of exactly those arrivals (health check, then 1 + 8 and 13 + 48) splits into both cells.
+    one = [[f"w{i}"] for i in range(1)] + [[f"a{i}"] for i in range(8)]
+    thirteen = [[f"v{i}" for i in range(13)]] + [[f"b{i}" for i in range(8)] for _ in range(6)]
+    logs = _tar(tmp_path / "logs.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events(one + thirteen)}})
+    record = {"environment": {"config": config},
+              "runs": [{"variant": "stock", "boot": 0, "cells": {"1": {"median_ttft_ms": 20.0},
+                                                               "13": {"median_ttft_ms": 50.0}}}]}
+    rows = spb.prefill_batch_sizes(record, spb.timelines(logs))
+    assert [(r["concurrency"], r["requests"]) for r in rows] == [(1, 8), (13, 48)]

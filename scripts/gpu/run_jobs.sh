@@ -14,6 +14,9 @@
 # and the entry points' skip-install knobs set; its output goes to $OUT/NAME/job.log. Several
 # commands in one job run one after the other: 'e|0,1|OUT=$OUT/a bash ...; OUT=$OUT/b bash ...'
 # (single quotes: $OUT is the job's). Give each job's servers their own ports (--port).
+# At the end everything under $OUT goes into one archive, $OUT/jobs.tar.gz (the device box brings
+# back a limited number of files; JOBS_ARCHIVE=0 leaves the folders as they are).
+# JOBS_SKIP_INSTALL=1: the plugin is installed already (only its entry point is checked).
 # Exit status: the largest of the jobs' (2 when an argument is malformed or the setup fails).
 set -uo pipefail
 
@@ -34,6 +37,10 @@ for job in "$@"; do
         echo "error: a job is NAME|GPUS|COMMAND (NAME of letters, digits, . _ -; GPUS like 0,1), got: $job" >&2
         exit 2
     fi
+    if [ "$name" = "setup.log" ] || [ "$name" = "jobs.tar.gz" ]; then
+        echo "error: a job may not be named $name (the runner's own file)" >&2
+        exit 2
+    fi
     for seen in "${names[@]}"; do
         if [ "$seen" = "$name" ]; then echo "error: two jobs named $name" >&2; exit 2; fi
     done
@@ -42,7 +49,7 @@ done
 
 gpu_enter_repo
 gpu_use_bundle "/tmp/site312"
-gpu_install_plugin 0 > "$OUT/setup.log" 2>&1 || { echo "setup FAILED"; cat "$OUT/setup.log"; exit 2; }
+gpu_install_plugin "${JOBS_SKIP_INSTALL:-0}" > "$OUT/setup.log" 2>&1 || { echo "setup FAILED"; cat "$OUT/setup.log"; exit 2; }
 
 pids=()
 for job in "$@"; do
@@ -63,4 +70,8 @@ for i in "${!pids[@]}"; do
     tail -25 "$OUT/${names[$i]}/job.log"
     [ "$rc" -gt "$worst" ] && worst=$rc
 done
+if [ "${JOBS_ARCHIVE:-1}" != "0" ]; then
+    (cd "$OUT" && tar czf jobs.tar.gz setup.log "${names[@]}" && rm -rf setup.log "${names[@]}") \
+        || echo "warning: could not pack $OUT into jobs.tar.gz; the folders are left as they are"
+fi
 exit "$worst"
