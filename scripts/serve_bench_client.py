@@ -12,7 +12,10 @@ Everything ``bench_serving`` prints goes to stderr. EOF ends the client.
 
 With ``SERVE_BENCH_CLIENT_LAG=1`` the reply also carries ``client_lag``: how late a 2 ms sleep
 woke on the client's own event loop during the call (``bench_serving`` runs each call in one
-``asyncio.run``; a task beside it samples), as ``{"samples", "mean_ms", "max_ms", "late_10ms"}``.
+``asyncio.run``; a task beside it samples), as ``{"samples", "mean_ms", "max_ms", "late_10ms",
+"slept_ms"}``. ``bench_serving`` itself blocks its loop once per call on purpose (``time.sleep(1.0)``
+between the warm-up and the measured requests); time spent in ``time.sleep`` on the loop's thread
+is left out of the lag and reported as ``slept_ms``, so ``max_ms`` is contention, not that pause.
 A client whose loop is busy (streaming every running request's chunks) stamps first tokens
 late, and the serving record then charges that to the server.
 
@@ -27,6 +30,7 @@ import json
 import os
 import runpy
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable, Iterator, TextIO
@@ -38,11 +42,13 @@ LAG_SLEEP_S = 0.002
 
 async def sample_lag(stats: dict[str, float]) -> None:
     """Sleep ``LAG_SLEEP_S`` again and again on the running loop and add how late each wake-up
-    was to ``stats`` (``n``, ``sum``, ``max`` in s, ``late_10ms``: wake-ups 10 ms or more late)."""
+    was to ``stats`` (``n``, ``sum``, ``max`` in s, ``late_10ms``: wake-ups 10 ms or more late),
+    less the time the loop's thread spent in ``time.sleep`` meanwhile (``stats["slept"]``, counted by
+    ``lag_sampled``)."""
     while True:
-        t0 = time.perf_counter()
+        t0, slept0 = time.perf_counter(), stats["slept"]
         await asyncio.sleep(LAG_SLEEP_S)
-        late = max(0.0, time.perf_counter() - t0 - LAG_SLEEP_S)
+        late = max(0.0, time.perf_counter() - t0 - LAG_SLEEP_S - (stats["slept"] - slept0))
         stats["n"] += 1
         stats["sum"] += late
         stats["max"] = max(stats["max"], late)
@@ -51,8 +57,19 @@ async def sample_lag(stats: dict[str, float]) -> None:
 
 @contextlib.contextmanager
 def lag_sampled(stats: dict[str, float]) -> Iterator[None]:
-    """While inside: every ``asyncio.run`` runs ``sample_lag`` beside its coroutine."""
+    """While inside: every ``asyncio.run`` runs ``sample_lag`` beside its coroutine, and
+    ``time.sleep`` on this thread adds what it slept to ``stats["slept"]``."""
     real = asyncio.run
+    real_sleep = time.sleep
+    thread = threading.get_ident()
+
+    def sleep(seconds: float) -> None:
+        t0 = time.perf_counter()
+        try:
+            real_sleep(seconds)
+        finally:
+            if threading.get_ident() == thread:
+                stats["slept"] += time.perf_counter() - t0
 
     def run(main, *a, **k):
         async def with_sampler():
@@ -65,16 +82,19 @@ def lag_sampled(stats: dict[str, float]) -> Iterator[None]:
         return real(with_sampler(), *a, **k)
 
     asyncio.run = run
+    time.sleep = sleep
     try:
         yield
     finally:
         asyncio.run = real
+        time.sleep = real_sleep
 
 
 def lag_summary(stats: dict[str, float]) -> dict[str, Any]:
     n = int(stats["n"])
     return {"samples": n, "mean_ms": round(stats["sum"] * 1e3 / n, 3) if n else None,
-            "max_ms": round(stats["max"] * 1e3, 2), "late_10ms": int(stats["late_10ms"])}
+            "max_ms": round(stats["max"] * 1e3, 2), "late_10ms": int(stats["late_10ms"]),
+            "slept_ms": round(stats["slept"] * 1e3, 1)}
 
 
 def run_one(argv: list[str], run: Callable[..., Any] = runpy.run_module) -> dict[str, Any]:
@@ -84,7 +104,7 @@ def run_one(argv: list[str], run: Callable[..., Any] = runpy.run_module) -> dict
     # Its dependencies stay imported; the module itself runs afresh as ``__main__`` (runpy
     # warns when it is also in sys.modules under its own name).
     sys.modules.pop(MODULE, None)
-    stats = {"n": 0, "sum": 0.0, "max": 0.0, "late_10ms": 0}
+    stats = {"n": 0, "sum": 0.0, "max": 0.0, "late_10ms": 0, "slept": 0.0}
     sampled = os.environ.get("SERVE_BENCH_CLIENT_LAG") == "1"
     try:
         with contextlib.redirect_stdout(sys.stderr), (lag_sampled(stats) if sampled else contextlib.nullcontext()):

@@ -821,7 +821,11 @@ def test_bench_client_samples_its_own_event_loop_when_asked(monkeypatch) -> None
     def fake_run(name, run_name, alter_sys):
         async def bench():
             await asyncio.sleep(0.02)
-            _time.sleep(0.05)  # the loop is blocked: a late wake-up
+            end = _time.perf_counter() + 0.05
+            while _time.perf_counter() < end:  # the loop is busy: a late wake-up
+                pass
+            await asyncio.sleep(0.02)
+            _time.sleep(0.3)  # bench_serving's own pause between warm-up and measurement: not lag
             await asyncio.sleep(0.02)
             return "done"
 
@@ -833,6 +837,8 @@ def test_bench_client_samples_its_own_event_loop_when_asked(monkeypatch) -> None
     reply = json.loads(out.getvalue())
     lag = reply["client_lag"]
     assert reply["rc"] == 0 and lag["samples"] >= 3 and lag["max_ms"] >= 40 and lag["late_10ms"] >= 1
+    assert lag["max_ms"] < 200 and 295 <= lag["slept_ms"] < 400
+    assert _time.sleep.__module__ == "time"  # put back
     assert asyncio.run is real_run
     monkeypatch.delenv("SERVE_BENCH_CLIENT_LAG")
     out = io.StringIO()
