@@ -290,7 +290,7 @@ def cell_values(bench: dict[str, Any], occ: float | None) -> dict[str, Any]:
 
 def flat_cell(vals: dict[str, Any]) -> dict[str, Any]:
     """A cell's values with the scheduler split (``sched``, a dict) as ``sched_<key>`` entries."""
-    out = {k: v for k, v in vals.items() if k not in ("sched", "ttfts_ms")}
+    out = {k: v for k, v in vals.items() if k not in ("sched", "ttfts_ms", "client_requests")}
     for k, v in (vals.get("sched") or {}).items():
         if not isinstance(v, dict):  # per-site waits stay in the record only
             out[f"sched_{k}"] = v
@@ -372,6 +372,8 @@ API_COLS = (("median_ttft_ms", "client TTFT p50"), ("sched_api_total_ms", "API s
             ("sched_total_ms", "scheduler: received -> first tokens sent"),
             ("sched_sched_to_api_ms", "first tokens sent -> API server"),
             ("sched_api_loop_lag_ms", "API server loop lag (mean)"),
+            ("sched_client_to_api_ms", "client sent -> API server received"),
+            ("sched_api_to_client_ms", "API server first output -> client"),
             ("client_loop_lag_mean_ms", "client loop lag (mean)"), ("client_loop_lag_max_ms", "client loop lag (max)"))
 
 #: The GPU side of prefill launches (``--timeline`` on CUDA, ``sched_timeline.gpu_breakdown``;
@@ -596,6 +598,8 @@ def run_server(variant: str, boot: int, target: str, draft: str | None, args: ar
             lag = reply.get("client_lag")
             if lag:
                 run["cells"][c].update(client_loop_lag_mean_ms=lag["mean_ms"], client_loop_lag_max_ms=lag["max_ms"])
+            if reply.get("requests"):
+                run["cells"][c]["client_requests"] = reply["requests"]
             windows[c] = (t_cell, time.time())
             print(f"   {tag} c={c}: TTFT p50 {result.get('median_ttft_ms'):.1f} ms, TPOT p50 "
                   f"{result.get('median_tpot_ms'):.2f} ms, {result.get('output_throughput'):.0f} tok/s", flush=True)
@@ -650,7 +654,38 @@ def add_sched_breakdown(run: dict[str, Any], timeline_dir: Path, windows: dict[i
         return
     events = sched_timeline.load_events(files)
     for c, (lo, hi) in windows.items():
-        run["cells"][c]["sched"] = sched_timeline.ttft_breakdown(events, lo, hi)
+        cell = run["cells"][c]
+        cell["sched"] = sched_timeline.ttft_breakdown(events, lo, hi)
+        if cell.get("client_requests"):
+            cell["sched"].update(client_split(cell["client_requests"], events, lo, hi, cell.get("completed")))
+
+
+def client_split(requests: Sequence[Sequence[float | None]], events: Sequence[dict[str, Any]], lo: float, hi: float,
+                 measured: int | None) -> dict[str, Any]:
+    """The client's TTFT outside the API server, per measured request of a cell: the client's
+    call -> the API server's receipt (``client_to_api_ms``: HTTP intake) and the API server's first
+    output -> the client's first chunk (``api_to_client_ms``: streaming out), medians in ms.
+
+    ``requests`` are the client's ``[start, ttft]`` stamps (``serve_bench_client``, warm-up first),
+    the API server's ``api`` events in ``[lo, hi)`` its own stamps of the same requests (same host,
+    same ``time.time()`` clock). The last ``measured`` of each, in order of arrival, are paired in
+    that order (``bench_serving`` sends them through one HTTP server, which takes them in as they
+    come). None for both when the counts do not match or a pair goes back in time by more than
+    1 ms (then the order did not hold)."""
+    none = {"client_to_api_ms": None, "api_to_client_ms": None, "client_pairs": 0}
+    api = sorted((e for e in events if e["kind"] == "api" and e.get("first") is not None and lo <= e["received"] < hi),
+                 key=lambda e: e["received"])
+    sent = sorted((r for r in requests if r[1] is not None), key=lambda r: r[0])
+    n = measured or 0
+    if n <= 0 or len(api) < n or len(sent) < n:
+        return none
+    pairs = list(zip(sent[-n:], api[-n:]))
+    intake = [a["received"] - start for (start, _), a in pairs]
+    out = [start + ttft - a["first"] for (start, ttft), a in pairs]
+    if min(intake) < -1e-3 or min(out) < -1e-3:
+        return none
+    return {"client_to_api_ms": round(statistics.median(intake) * 1e3, 2),
+            "api_to_client_ms": round(statistics.median(out) * 1e3, 2), "client_pairs": n}
 
 
 def environment(args: argparse.Namespace) -> dict[str, Any]:

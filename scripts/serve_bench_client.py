@@ -16,6 +16,10 @@ woke on the client's own event loop during the call (``bench_serving`` runs each
 "slept_ms"}``. ``bench_serving`` itself blocks its loop once per call on purpose (``time.sleep(1.0)``
 between the warm-up and the measured requests); time spent in ``time.sleep`` on the loop's thread
 is left out of the lag and reported as ``slept_ms``, so ``max_ms`` is contention, not that pause.
+The reply then also carries ``requests``: per request ``[start, ttft]``, the wall-clock time
+(``time.time()``) the client called ``bench_serving``'s request function and that request's TTFT
+in s (None when it failed), warm-up requests first. The serving record matches them with the API
+server's own timestamps of the same requests (same host, same clock).
 A client whose loop is busy (streaming every running request's chunks) stamps first tokens
 late, and the serving record then charges that to the server.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import runpy
@@ -40,7 +45,7 @@ MODULE = "sglang.bench_serving"
 LAG_SLEEP_S = 0.002
 
 
-async def sample_lag(stats: dict[str, float]) -> None:
+async def sample_lag(stats: dict[str, Any]) -> None:
     """Sleep ``LAG_SLEEP_S`` again and again on the running loop and add how late each wake-up
     was to ``stats`` (``n``, ``sum``, ``max`` in s, ``late_10ms``: wake-ups 10 ms or more late),
     less the time the loop's thread spent in ``time.sleep`` meanwhile (``stats["slept"]``, counted by
@@ -55,9 +60,37 @@ async def sample_lag(stats: dict[str, float]) -> None:
         stats["late_10ms"] += late >= 0.01
 
 
+def stamped(func: Callable[..., Any], requests: list[list[float | None]]) -> Callable[..., Any]:
+    """``bench_serving``'s request function ``func``, appending ``[start, ttft]`` per call to
+    ``requests`` (``start``: ``time.time()`` at the call; ``ttft``: the output's, None when it
+    failed)."""
+    @functools.wraps(func)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        start = time.time()
+        out = await func(*args, **kwargs)
+        ok = getattr(out, "success", False)
+        requests.append([round(start, 6), round(out.ttft, 6) if ok and getattr(out, "ttft", None) else None])
+        return out
+
+    call.stamped = True  # type: ignore[attr-defined]
+    return call
+
+
+def stamp_requests(main: Any, requests: list[list[float | None]]) -> None:
+    """Wrap every request function of the ``bench_serving`` run whose coroutine is ``main``
+    (its module namespace is fresh per run: ``ASYNC_REQUEST_FUNCS`` in the coroutine's globals)."""
+    frame = getattr(main, "cr_frame", None)
+    funcs = frame.f_globals.get("ASYNC_REQUEST_FUNCS") if frame is not None else None
+    if isinstance(funcs, dict):
+        for name, func in list(funcs.items()):
+            if not getattr(func, "stamped", False):  # a second asyncio.run in the same run
+                funcs[name] = stamped(func, requests)
+
+
 @contextlib.contextmanager
-def lag_sampled(stats: dict[str, float]) -> Iterator[None]:
-    """While inside: every ``asyncio.run`` runs ``sample_lag`` beside its coroutine, and
+def lag_sampled(stats: dict[str, Any]) -> Iterator[None]:
+    """While inside: every ``asyncio.run`` runs ``sample_lag`` beside its coroutine and stamps
+    its ``bench_serving`` requests into ``stats["requests"]`` (``stamp_requests``), and
     ``time.sleep`` on this thread adds what it slept to ``stats["slept"]``."""
     real = asyncio.run
     real_sleep = time.sleep
@@ -72,6 +105,8 @@ def lag_sampled(stats: dict[str, float]) -> Iterator[None]:
                 stats["slept"] += time.perf_counter() - t0
 
     def run(main, *a, **k):
+        stamp_requests(main, stats.setdefault("requests", []))
+
         async def with_sampler():
             sampler = asyncio.ensure_future(sample_lag(stats))
             try:
@@ -90,11 +125,16 @@ def lag_sampled(stats: dict[str, float]) -> Iterator[None]:
         time.sleep = real_sleep
 
 
-def lag_summary(stats: dict[str, float]) -> dict[str, Any]:
+def lag_summary(stats: dict[str, Any]) -> dict[str, Any]:
     n = int(stats["n"])
     return {"samples": n, "mean_ms": round(stats["sum"] * 1e3 / n, 3) if n else None,
             "max_ms": round(stats["max"] * 1e3, 2), "late_10ms": int(stats["late_10ms"]),
             "slept_ms": round(stats["slept"] * 1e3, 1)}
+
+
+def run_reply(stats: dict[str, Any]) -> dict[str, Any]:
+    """The reply of a sampled call: its loop lag and its requests' stamps."""
+    return {"rc": 0, "client_lag": lag_summary(stats), "requests": stats.get("requests", [])}
 
 
 def run_one(argv: list[str], run: Callable[..., Any] = runpy.run_module) -> dict[str, Any]:
@@ -104,7 +144,7 @@ def run_one(argv: list[str], run: Callable[..., Any] = runpy.run_module) -> dict
     # Its dependencies stay imported; the module itself runs afresh as ``__main__`` (runpy
     # warns when it is also in sys.modules under its own name).
     sys.modules.pop(MODULE, None)
-    stats = {"n": 0, "sum": 0.0, "max": 0.0, "late_10ms": 0, "slept": 0.0}
+    stats: dict[str, Any] = {"n": 0, "sum": 0.0, "max": 0.0, "late_10ms": 0, "slept": 0.0, "requests": []}
     sampled = os.environ.get("SERVE_BENCH_CLIENT_LAG") == "1"
     try:
         with contextlib.redirect_stdout(sys.stderr), (lag_sampled(stats) if sampled else contextlib.nullcontext()):
@@ -118,7 +158,7 @@ def run_one(argv: list[str], run: Callable[..., Any] = runpy.run_module) -> dict
         return {"rc": 1, "error": f"{type(exc).__name__}: {exc}"}
     finally:
         sys.argv = saved
-    return {"rc": 0, "client_lag": lag_summary(stats)} if sampled else {"rc": 0}
+    return run_reply(stats) if sampled else {"rc": 0}
 
 
 def serve(lines: TextIO, out: TextIO, run: Callable[..., Any] = runpy.run_module) -> int:

@@ -1147,3 +1147,75 @@ def test_run_server_pins_its_gpu_and_records_it(tmp_path: Path, monkeypatch) -> 
     assert run["gpu"] == "1" and launched[0][1]["CUDA_VISIBLE_DEVICES"] == "1"
     run = sb.run_server("stock", 1, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=1)
     assert "gpu" not in run and launched[2][1]["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_client_stamps_each_request_of_the_bench_serving_run(monkeypatch) -> None:
+    import asyncio
+    import io
+    import textwrap
+
+    import serve_bench_client as sc
+
+    # A stand-in for bench_serving's namespace: its request functions live in the run's own globals.
+    ns: dict = {}
+    exec(textwrap.dedent('''
+        import asyncio
+
+        class Out:
+            def __init__(self, ok):
+                self.success, self.ttft = ok, 0.01 if ok else 0.0
+
+        async def request(request_func_input=None, pbar=None):
+            await asyncio.sleep(0.01)
+            return Out(request_func_input != 2)
+
+        ASYNC_REQUEST_FUNCS = {"sglang": request}
+
+        async def benchmark():
+            f = ASYNC_REQUEST_FUNCS["sglang"]
+            return [await f(request_func_input=i) for i in range(3)]
+    '''), ns)
+
+    def fake_run(name, run_name, alter_sys):
+        asyncio.run(ns["benchmark"]())
+        asyncio.run(ns["benchmark"]())  # a second asyncio.run in the same call: stamped once each
+
+    monkeypatch.setenv("SERVE_BENCH_CLIENT_LAG", "1")
+    out = io.StringIO()
+    assert sc.serve(io.StringIO('["--port", "1"]\n'), out, run=fake_run) == 0
+    stamps = json.loads(out.getvalue())["requests"]
+    assert len(stamps) == 6 and [t for _, t in stamps] == [0.01, 0.01, None] * 2
+    assert [s for s, _ in stamps] == sorted(s for s, _ in stamps) and stamps[-1][0] - stamps[0][0] >= 0.04
+
+
+def test_client_split_pairs_the_measured_requests_with_the_api_servers_own_stamps() -> None:
+    t = 1_000.0
+    # warm-up request w, then three measured ones; the API server takes each in 2 ms after the
+    # client's call, its first output comes 20 ms later and reaches the client 3 ms after that.
+    requests = [[t, 0.025], [t + 1.0, 0.025], [t + 1.1, 0.025], [t + 1.2, None], [t + 1.3, 0.025]]
+    api = [{"kind": "api", "rid": f"r{i}", "received": s + 0.002, "first": s + 0.022, "dispatch": s + 0.003}
+           for i, (s, ttft) in enumerate(requests) if ttft is not None]
+    api.append({"kind": "api", "rid": "x", "received": t + 5.0, "first": None, "dispatch": t + 5.0})  # no output yet
+    got = sb.client_split(requests, api, t - 1, t + 9, measured=3)
+    assert got == {"client_to_api_ms": 2.0, "api_to_client_ms": 3.0, "client_pairs": 3}
+    # Counts that do not match, or a pairing that goes back in time: no figure rather than a wrong one.
+    none = {"client_to_api_ms": None, "api_to_client_ms": None, "client_pairs": 0}
+    assert sb.client_split(requests, api, t - 1, t + 9, measured=9) == none
+    assert sb.client_split(requests, api, t - 1, t + 9, measured=None) == none
+    early = [dict(a, received=a["received"] - 0.01) for a in api]
+    assert sb.client_split(requests, early, t - 1, t + 9, measured=3) == none
+    # Window: events outside [lo, hi) are not this cell's.
+    assert sb.client_split(requests, api, t + 1.05, t + 9, measured=3) == none
+
+
+def test_bench_servings_own_names_are_what_the_client_stamps(monkeypatch) -> None:
+    # serve_bench_client finds the request functions in the run's globals by this name, and reads
+    # each output's success and ttft: SGLang's bench_serving must still have them.
+    import dataclasses
+
+    monkeypatch.syspath_prepend(str(child_env.DATASETS_STAND_IN))
+    import sglang.bench_serving as bs
+
+    assert "sglang" in bs.ASYNC_REQUEST_FUNCS and bs.benchmark.__globals__ is vars(bs)
+    fields = {f.name for f in dataclasses.fields(bs.RequestFuncOutput)}
+    assert {"success", "ttft"} <= fields
