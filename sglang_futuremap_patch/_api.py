@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from sglang_futuremap_patch import _engine
 from sglang_futuremap_patch._engine import Backport, PatchError, Verdict
@@ -114,13 +116,43 @@ def read_mode_or_default() -> str:
         return "invalid"
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while the plugin installs, then as it was.
+
+    Installing imports SGLang's targets and reads, edits, parses and compiles their source:
+    tens of thousands of short-lived containers. A collection that runs meanwhile promotes the
+    ones still alive into the oldest generation, and CPython counts every promoted object
+    towards its next full collection (it runs one once those exceed a quarter of what the last
+    one kept), dead or not. In SGLang's main process a full collection stops the API server's
+    event loop for ~300 ms, and the install brought it forward: synthetic requests until the
+    next one, ``python3 scripts/main_process_heap.py --until-full`` on a CPU host, 17,845 without
+    the plugin, 11,272 with it installed. Paused, that garbage is freed by reference counting
+    before any collection sees it (16,502 with the plugin installed: what it keeps for good).
+    Nothing is left uncollected: the collector's next run sees whatever cycles were made."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def apply(mode: str | None = None, version: str | None = None) -> Report:
     """Apply every back-port or none, and say so in one line per process.
 
     ``safe`` logs a WARNING and leaves SGLang untouched when anything is unexpected;
     ``strict`` raises :class:`PatchError` instead. ``version`` overrides the detected
-    SGLang version (tests use it to pretend another release).
+    SGLang version (tests use it to pretend another release). The garbage collector is
+    paused meanwhile (``collector_paused``).
     """
+    with collector_paused():
+        return _apply(mode, version)
+
+
+def _apply(mode: str | None, version: str | None) -> Report:
+    """``apply``'s work."""
     mode = read_mode() if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")

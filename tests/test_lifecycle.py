@@ -133,3 +133,52 @@ def test_the_readmes_startup_line_has_the_counts_the_plugin_logs(clean_state):
     readme = (ROOT / "README.md").read_text()
     quoted = set(re.findall(r"applied (\d+) back-ports \((\d+) targets\)", readme))
     assert quoted == {(str(len(report.applied)), str(len(_engine.installed_paths())))}, quoted
+
+
+def test_apply_runs_with_the_garbage_collector_paused_and_puts_it_back(clean_state, monkeypatch):
+    # No collection may run while the plugin installs: the garbage it makes would be promoted and
+    # bring the process's next full collection forward (the API server's ~300 ms pause).
+    import gc
+
+    from sglang_futuremap_patch import _api
+
+    collections: list[int] = []
+    installing = [False]
+    real_apply = _api._apply
+
+    def watched(*a, **k):  # the install itself, without the collector's restart after it
+        installing[0] = True
+        try:
+            return real_apply(*a, **k)
+        finally:
+            installing[0] = False
+
+    def seen(phase, info):
+        if phase == "start" and installing[0]:
+            collections.append(info["generation"])
+
+    monkeypatch.setattr(_api, "_apply", watched)
+    gc.callbacks.append(seen)
+    try:
+        assert gc.isenabled()
+        report = plugin.apply(mode="strict")
+    finally:
+        gc.callbacks.remove(seen)
+    assert report.applied and collections == [] and gc.isenabled()
+    plugin.revert()
+    # A collector the process had turned off stays off; a failed install puts it back too.
+    gc.disable()
+    try:
+        plugin.apply(mode="strict")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    plugin.revert()
+
+    def broken(*_a, **_k):
+        raise RuntimeError("install failed")
+
+    monkeypatch.setattr(_engine, "install", broken)
+    with pytest.raises(RuntimeError):
+        plugin.apply(mode="strict")
+    assert gc.isenabled()
