@@ -21,8 +21,16 @@ def _run(tmp_path: Path, *jobs: str, **env: str) -> subprocess.CompletedProcess[
     bindir.mkdir(exist_ok=True)
     if not (bindir / "python3").exists():
         (bindir / "python3").symlink_to(sys.executable)
+    # The setup's check looks for the plugin's entry point among the installed distributions; a
+    # checkout under test may not be pip-installed, so a distribution record that names it is put
+    # on the path (the check itself runs as it does on a GPU box).
+    dist = tmp_path / "site" / "sglang_futuremap_patch-0.0.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-futuremap-patch\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[sglang.srt.plugins]\nfuturemap = sglang_futuremap_patch._plugin:register\n")
+    path = os.pathsep.join(p for p in (str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")) if p)
     full = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / "out"),
-                JOBS_SKIP_INSTALL="1", **env)
+                JOBS_SKIP_INSTALL="1", PYTHONPATH=path, **env)
     full.pop("CUDA_VISIBLE_DEVICES", None)
     return subprocess.run(["bash", str(SCRIPT), *jobs], capture_output=True, text=True, env=full, timeout=120,
                           cwd=tmp_path)
