@@ -223,7 +223,11 @@ class Backport:
 
     @property
     def pr_list(self) -> str:
-        return ", ".join(f"#{n}" for n in self.upstream_prs) or "no upstream PR"
+        """The upstream PRs (``#N``); for an upstream change whose PR is not known, the release
+        that ships it; for this series' own changes, "no upstream PR"."""
+        if self.upstream_prs:
+            return ", ".join(f"#{n}" for n in self.upstream_prs)
+        return f"upstream v{self.applied_upstream}" if self.applied_upstream else "no upstream PR"
 
 
 # ----------------------------------------------------------------------------- fingerprints

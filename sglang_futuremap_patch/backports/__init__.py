@@ -28,6 +28,7 @@ SERIES: tuple[str, ...] = (
     "war_barrier",
     "fa3_mla_device_metadata",
     "early_intake",
+    "flashinfer_host_prefix_sum",
 )
 
 
