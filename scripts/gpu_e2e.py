@@ -94,7 +94,8 @@ them round-robin; a TP=2 Engine takes the first two. Every Engine gets ports no 
 the run uses (``gpu_harness.port_blocks.PortAllocator``).
 
 Groups (``--group``, with ``--cases`` their union): ``base`` (everything before the FA3 set),
-``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``, ``mla``, ``tree``, ``tree-v2``.
+``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``, ``mla``, ``tree``, ``tree-v2``,
+``tree-v2-det``, ``intake`` (back-port 19's opt-in on), ``fihost`` (back-port 20's opt-in on).
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -264,6 +265,13 @@ def all_cases() -> list[Case]:
     cases.append(Case("intake-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix", env=intake))
     cases.append(Case("intake-http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True)), env=intake))
+    # Back-port 20's opt-in (FlashInfer's ragged prefill sums its prefix lengths on the host) on:
+    # every prefill of the matrix workload on FlashInfer, with and without piecewise CUDA graph.
+    fihost = (("SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM", "1"),)
+    cases.append(Case("fihost-eagle3-flashinfer-graph-nopcg", "EAGLE3", "flashinfer", True, False, "matrix",
+                      env=fihost))
+    cases.append(Case("fihost-standalone-flashinfer-graph-pcg", "STANDALONE", "flashinfer", True, True, "matrix",
+                      env=fihost))
     return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + mla_cases()
             + tree_cases() + tree_v2_cases() + tree_v2_det_cases())
 
@@ -511,6 +519,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "tree-v2": ("treev2-*",),
     "tree-v2-det": ("treev2det-*",),
     "intake": ("intake-*",),
+    "fihost": ("fihost-*",),
 }
 
 

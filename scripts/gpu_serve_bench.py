@@ -64,7 +64,9 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          "patched-no-war": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER": "0"}),
          "patched-mla-mirror": ("strict", dict(child_env.MLA_MIRROR_ENV)),
          # back-port 19's opt-in on: requests taken in while a finished request's lookahead runs
-         "patched-early-intake": ("strict", {"SGLANG_FUTUREMAP_EARLY_INTAKE": "1"})}
+         "patched-early-intake": ("strict", {"SGLANG_FUTUREMAP_EARLY_INTAKE": "1"}),
+         # back-port 20's opt-in on: FlashInfer's ragged prefill sums its prefix lengths on the host
+         "patched-fi-host-sum": ("strict", {"SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM": "1"})}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
 MODE_NOTES = {
     "patched-prefill-first": "the plugin with back-port 16's opt-in on: a small or finished prefill's result "
@@ -74,6 +76,8 @@ MODE_NOTES = {
                           "keeps the host mirror",
     "patched-early-intake": "the plugin with back-port 19's opt-in on: requests that arrive while a finished "
                             "request's lookahead decode runs are launched before its result is waited on",
+    "patched-fi-host-sum": "the plugin with back-port 20's opt-in on: FlashInfer's ragged prefill sums its "
+                           "prefix lengths on the host instead of reading them back",
 }
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")

@@ -60,6 +60,19 @@ def test_intake_group_runs_back_port_19_on_against_stock() -> None:
     assert env == {"SGLANG_FUTUREMAP_PATCH": "off", early_intake.EARLY_INTAKE_ENV: "1"}
 
 
+def test_fihost_group_runs_back_port_20_on_against_stock() -> None:
+    """The ``fihost`` group: back-port 20's opt-in on in both runs (stock ignores it), the matrix
+    workload on FlashInfer with and without piecewise CUDA graph, judged token for token."""
+    from sglang_futuremap_patch.backports import flashinfer_host_prefix_sum as fihost
+
+    cases = e2e.select_cases(None, groups=["fihost"])
+    assert [(c.name, c.backend, c.pcg, c.profile) for c in cases] == [
+        ("fihost-eagle3-flashinfer-graph-nopcg", "flashinfer", False, "matrix"),
+        ("fihost-standalone-flashinfer-graph-pcg", "flashinfer", True, "matrix")]
+    assert all(dict(c.env) == {fihost.HOST_PREFIX_SUM_ENV: "1"} and not c.batch_variant for c in cases)
+    assert not any(c.needs_fa3 for c in cases)
+
+
 def test_groups_split_the_suite_and_the_fa3_set_covers_what_was_asked() -> None:
     base, fa3 = e2e.select_cases(None, groups=["base"]), e2e.select_cases(None, groups=["fa3"])
     every = {c.name for c in e2e.select_cases(None, groups=sorted(e2e.GROUPS))}
@@ -1219,7 +1232,7 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
         assert c.env == ((e2e.TREE_SPEC_V2_ENV, "1" if c.backend == "flashinfer" else None),), c.name
     assert {c.backend for c in e2e.tree_v2_cases()} >= {"flashinfer", "fa3", "triton", "default"}
     assert not any(c.env for c in e2e.all_cases()
-                   if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-", "intake-")))
+                   if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-", "intake-", "fihost-")))
     seen: dict[str, dict[str, str]] = {}
 
     def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):

@@ -138,7 +138,7 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
 
     assert prefill_result_first.PREFILL_RESULT_FIRST_ENV in env
     assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war", "patched-mla-mirror",
-                                   "patched-early-intake"}
+                                   "patched-early-intake", "patched-fi-host-sum"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
