@@ -112,3 +112,15 @@ def test_patches_export_writes_the_series(tmp_path, capsys):
         assert path.read_bytes() == (PATCHES / path.name).read_bytes(), path.name
     assert cli.main(["patches", "export", "--out", str(out)]) == 2  # never overwrites
     assert "not an empty folder" in capsys.readouterr().err
+
+
+def test_the_readme_lists_every_switch_the_plugin_reads() -> None:
+    # Each SGLANG_FUTUREMAP_* variable the package reads has a row in the README's switch tables.
+    import re
+
+    package = ROOT / "sglang_futuremap_patch"
+    used = {m for f in package.rglob("*.py") for m in re.findall(r"SGLANG_FUTUREMAP_[A-Z0-9_]+", f.read_text())}
+    readme = (ROOT / "README.md").read_text()
+    rows = set(re.findall(r"^\| `(SGLANG_FUTUREMAP_[A-Z0-9_]+)` \|", readme, re.M))
+    assert used - {"SGLANG_FUTUREMAP_PATCH"} <= rows, sorted(used - rows)
+    assert "| `SGLANG_FUTUREMAP_PATCH` | effect |" in readme
