@@ -16,12 +16,13 @@ woke on the client's own event loop during the call (``bench_serving`` runs each
 "slept_ms"}``. ``bench_serving`` itself blocks its loop once per call on purpose (``time.sleep(1.0)``
 between the warm-up and the measured requests); time spent in ``time.sleep`` on the loop's thread
 is left out of the lag and reported as ``slept_ms``, so ``max_ms`` is contention, not that pause.
+A client whose loop is busy (streaming every running request's chunks) stamps first tokens
+late, and the serving record then charges that to the server.
+
 The reply then also carries ``requests``: per request ``[start, ttft]``, the wall-clock time
 (``time.time()``) the client called ``bench_serving``'s request function and that request's TTFT
 in s (None when it failed), warm-up requests first. The serving record matches them with the API
 server's own timestamps of the same requests (same host, same clock).
-A client whose loop is busy (streaming every running request's chunks) stamps first tokens
-late, and the serving record then charges that to the server.
 
     printf '%s\\n' '["--backend", "sglang", "--port", "30000", ...]' | python3 scripts/serve_bench_client.py
 """
@@ -105,7 +106,7 @@ def lag_sampled(stats: dict[str, Any]) -> Iterator[None]:
                 stats["slept"] += time.perf_counter() - t0
 
     def run(main, *a, **k):
-        stamp_requests(main, stats.setdefault("requests", []))
+        stamp_requests(main, stats["requests"])
 
         async def with_sampler():
             sampler = asyncio.ensure_future(sample_lag(stats))
@@ -134,7 +135,7 @@ def lag_summary(stats: dict[str, Any]) -> dict[str, Any]:
 
 def run_reply(stats: dict[str, Any]) -> dict[str, Any]:
     """The reply of a sampled call: its loop lag and its requests' stamps."""
-    return {"rc": 0, "client_lag": lag_summary(stats), "requests": stats.get("requests", [])}
+    return {"rc": 0, "client_lag": lag_summary(stats), "requests": stats["requests"]}
 
 
 def run_one(argv: list[str], run: Callable[..., Any] = runpy.run_module) -> dict[str, Any]:

@@ -16,7 +16,9 @@
 # (single quotes: $OUT is the job's). Give each job's servers their own ports (--port).
 # At the end everything under $OUT goes into one archive, $OUT/jobs.tar.gz (the device box brings
 # back a limited number of files; JOBS_ARCHIVE=0 leaves the folders as they are).
-# JOBS_SKIP_INSTALL=1: the plugin is installed already (only its entry point is checked).
+# JOBS_SKIP_INSTALL=1: the plugin is installed already (only its entry point is checked);
+# JOBS_SITE: pip --target for the plugin when .gpu/activate.sh is used (default /tmp/site312),
+# handed to the jobs as SERVE_SITE / E2E_SITE.
 # Exit status: the largest of the jobs' (2 when an argument is malformed or the setup fails).
 set -uo pipefail
 
@@ -48,7 +50,8 @@ for job in "$@"; do
 done
 
 gpu_enter_repo
-gpu_use_bundle "/tmp/site312"
+SITE="${JOBS_SITE:-/tmp/site312}"
+gpu_use_bundle "$SITE"
 gpu_install_plugin "${JOBS_SKIP_INSTALL:-0}" > "$OUT/setup.log" 2>&1 || { echo "setup FAILED"; cat "$OUT/setup.log"; exit 2; }
 
 pids=()
@@ -57,7 +60,7 @@ for job in "$@"; do
     mkdir -p "$OUT/$name"
     echo "== job $name on GPUs $gpus: $command"
     CUDA_VISIBLE_DEVICES="$gpus" OUT="$OUT/$name" SERVE_SKIP_INSTALL=1 E2E_SKIP_INSTALL=1 \
-        SERVE_SITE=/tmp/site312 E2E_SITE=/tmp/site312 \
+        SERVE_SITE="$SITE" E2E_SITE="$SITE" \
         bash -c "$command" > "$OUT/$name/job.log" 2>&1 &
     pids+=($!)
 done

@@ -42,25 +42,10 @@ def flashinfer_host_prefix_sum_on() -> bool:
     return os.environ.get("SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM", "").strip() == "1"
 
 
-#: The single-wrapper updater's signature end, with the new keyword after it.
-_SIGNATURE_EDITS = (
-    TextEdit(
-        old="""\
-    cross_attention_custom_mask: Optional[torch.Tensor] = None,
-):
-""",
-        new="""\
-    cross_attention_custom_mask: Optional[torch.Tensor] = None,
-    extend_prefix_lens_cpu: Optional[List[int]] = None,
-):
-""",
-    ),
-)
-
-
-def _taken_unused(why: str) -> tuple[TextEdit, ...]:
-    """The new keyword for an updater that plans from other lengths (``why``: which one; it
-    also keeps the two hunks apart, which would otherwise be the same text)."""
+def _new_keyword(note: str = "") -> tuple[TextEdit, ...]:
+    """A prefill updater's signature end with the new keyword after it; ``note``: a comment
+    for an updater that takes it and leaves it unused (it also keeps those two hunks apart,
+    which would otherwise be the same text)."""
     return (
         TextEdit(
             old="""\
@@ -69,7 +54,7 @@ def _taken_unused(why: str) -> tuple[TextEdit, ...]:
 """,
             new=f"""\
     cross_attention_custom_mask: Optional[torch.Tensor] = None,
-    extend_prefix_lens_cpu: Optional[List[int]] = None,  # unused ({why})
+    extend_prefix_lens_cpu: Optional[List[int]] = None,{note}
 ):
 """,
         ),
@@ -77,7 +62,7 @@ def _taken_unused(why: str) -> tuple[TextEdit, ...]:
 
 
 _SINGLE_WRAPPER_EDITS = (
-    *_SIGNATURE_EDITS,
+    *_new_keyword(),
     TextEdit(
         old="""\
         # TODO: remove this device sync, we can use forward_batch.extend_prefix_lens_cpu
@@ -129,9 +114,9 @@ BACKPORT = Backport(
                expected="f3fb1cb49c8023fd", kind="edit", edits=_SINGLE_WRAPPER_EDITS),
         Target(_FLASHINFER, "FlashInferIndicesUpdaterPrefill.update_sliding_window", None,
                expected="93161e06cf435fca", kind="edit",
-               edits=_taken_unused("sliding window")),
+               edits=_new_keyword("  # unused (sliding window)")),
         Target(_FLASHINFER, "FlashInferIndicesUpdaterPrefill.update_cross_attention", None,
                expected="13b955d3237f5a4f", kind="edit",
-               edits=_taken_unused("cross attention")),
+               edits=_new_keyword("  # unused (cross attention)")),
     ),
 )
