@@ -222,6 +222,10 @@ class ContractWorker:
     #: of the draft, no draft-extend CUDA graph) and reads them where
     #: ``prepare_for_extend_to_fill_draft_kvcache`` does, after the publish.
     draft_extend_backend = None
+    #: Decode batches larger than this run eagerly (above the captured CUDA-graph sizes) and,
+    #: on a backend whose eager forward reads the host lengths, get exact ones without the
+    #: mirror (back-port 13). None: no batch runs eagerly.
+    eager_above_bs = None
 
     def __init__(self, truth: dict[str, int], relay_hidden: bool):
         self.truth = truth
@@ -253,7 +257,8 @@ class ContractWorker:
         expected = [self.truth[r] for r in rids]
         got = mwb.seq_lens.tolist()
         assert got == expected, f"worker got seq_lens {got}, truth {expected} for {rids}"
-        if not self.mirror and not mwb.forward_mode.is_extend():
+        eager = self.eager_above_bs is not None and len(rids) > self.eager_above_bs
+        if not self.mirror and not mwb.forward_mode.is_extend() and not eager:
             assert mwb.seq_lens_cpu is None and mwb.seq_lens_sum is None, (
                 "needs_cpu_seq_lens is off but the worker got a host mirror "
                 f"{mwb.seq_lens_cpu} / {mwb.seq_lens_sum}")
@@ -396,11 +401,14 @@ def make_pools(pool_size: int, context_len: int, kv_tokens: int):
 
 
 def make_scheduler(worker, algorithm: str, req_to_token_pool, allocator, tree_cache,
-                   model_config, server_args=None, target_attn_backend=None):
+                   model_config, server_args=None, target_attn_backend=None,
+                   graph_max_bs=None):
     """A ``Scheduler`` without ``__init__``, set up by the real (patched) ``init_overlap``.
 
     ``server_args``: what ``init_overlap`` and ``run_batch`` read (default: piecewise CUDA
     graph on, as in a default server, so the seq_lens host mirror is kept).
+    ``graph_max_bs``: the largest batch the target's CUDA graph captured (None: no graph
+    runner); larger decode batches run eagerly.
     """
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -420,7 +428,8 @@ def make_scheduler(worker, algorithm: str, req_to_token_pool, allocator, tree_ca
         enable_dp_attention=False, elastic_ep_backend=None, enable_two_batch_overlap=False,
         disable_piecewise_cuda_graph=False)
     s.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(
-        attn_backend=target_attn_backend, model_is_mrope=False, use_ngram_embedding=False))
+        attn_backend=target_attn_backend, model_is_mrope=False, use_ngram_embedding=False,
+        graph_runner=None if graph_max_bs is None else SimpleNamespace(max_bs=graph_max_bs)))
     s.draft_worker = worker
     # What run_event_loop sets up (it uses this very no-op for CPU).
     s.schedule_stream = device_module.Stream(priority=0)

@@ -142,9 +142,9 @@ def _order(log: list[str]) -> list[str]:
 
 @pytest.fixture
 def patched(clean_state, monkeypatch):
-    """The back-port installed and switched on (it is opt-in), with back-port 17's barrier in
+    """The back-port installed (on by default: the switch unset), with back-port 17's barrier in
     effect on this CPU host (on by default on CUDA only)."""
-    monkeypatch.setenv("SGLANG_FUTUREMAP_EARLY_INTAKE", "1")
+    monkeypatch.delenv("SGLANG_FUTUREMAP_EARLY_INTAKE", raising=False)
     monkeypatch.setenv("SGLANG_FUTUREMAP_WAR_BARRIER", "1")
     activate_backport()
 
@@ -199,14 +199,12 @@ def test_a_lookahead_with_a_running_request_is_not_waited_around(patched):
     assert _order(_run_loop(decodes, {"D2": 3}, [[], [], [], ["B"], []])[0]) == STOCK_ORDER
 
 
-@pytest.mark.parametrize("case", ["env_unset", "env_off", "tp2", "pp2", "dp_attention", "mlp_sync", "cp2",
+@pytest.mark.parametrize("case", ["env_off", "tp2", "pp2", "dp_attention", "mlp_sync", "cp2",
                                   "recv_skipper", "input_blocker", "no_war_barrier", "not_spec_v2"])
 def test_stock_order_where_it_does_not_apply(patched, monkeypatch, case):
-    """Without the opt-in, on ranks that must poll in step, with SGLang's receive skipper or
+    """Switched off, on ranks that must poll in step, with SGLang's receive skipper or
     input blocker, without back-port 17's barrier, or for non-speculative batches the loop keeps
     its own order."""
-    if case == "env_unset":
-        monkeypatch.delenv("SGLANG_FUTUREMAP_EARLY_INTAKE")
     if case == "env_off":
         monkeypatch.setenv("SGLANG_FUTUREMAP_EARLY_INTAKE", "0")
     if case == "no_war_barrier":

@@ -1,5 +1,5 @@
 """Back-port flashinfer-host-prefix-sum: FlashInfer's ragged prefill plans from the host's prefix
-lengths instead of reading their device sum back (opt-in).
+lengths instead of reading their device sum back.
 
 SGLang's real ``FlashInferAttnBackend.init_forward_metadata`` and
 ``FlashInferIndicesUpdaterPrefill.update_single_wrapper`` run here on CPU tensors. What stands
@@ -60,19 +60,19 @@ def _ragged(updater, host):
 
 
 def test_ragged_prefill_sums_the_host_lengths_without_a_read_back(patched, item_calls, monkeypatch):
-    monkeypatch.setenv(ENV, "1")
+    monkeypatch.delenv(ENV, raising=False)  # on by default
     updater, planned = _updater()
     _ragged(updater, [3, 5, 0, 7])
     assert planned == [15] and item_calls == []  # the same sum, no device read-back
 
 
-def test_off_by_default_and_without_host_lengths_it_reads_the_device_sum_as_stock(patched, item_calls,
-                                                                                  monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+def test_switched_off_or_without_host_lengths_it_reads_the_device_sum_as_stock(patched, item_calls,
+                                                                               monkeypatch):
+    monkeypatch.setenv(ENV, "0")
     updater, planned = _updater()
-    _ragged(updater, [3, 5, 0, 7])  # opt-in off: stock's read-back
+    _ragged(updater, [3, 5, 0, 7])  # switched off: stock's read-back
     assert planned == [15] and len(item_calls) == 1
-    monkeypatch.setenv(ENV, "1")
+    monkeypatch.delenv(ENV)
     _ragged(updater, None)  # no host lengths given: stock's read-back
     assert planned == [15, 15] and len(item_calls) == 2
 

@@ -64,7 +64,11 @@ CONFIGS = {
     "no_mirror": (False, "triton", False),
     "no_mirror_pcg": (False, "triton", True),
     "fa3_pcg": (False, "fa3", True),
+    "fa3_pcg_eager": (False, "fa3", True),
 }
+#: config -> the largest batch the target's CUDA graph captured; decode batches above it run
+#: eagerly and, on FA3, read exact host lengths (back-port 13), from the relay (back-port 21).
+GRAPH_MAX_BS = {"fa3_pcg_eager": 3}
 
 
 def declared_backends(kind):
@@ -162,7 +166,11 @@ class Simulation:
         self.worker.draft_extend_backend = self.worker.spec_v2_attn_backends[-1]
         self.sched = make_scheduler(self.worker, algorithm, self.req_to_token_pool,
                                     self.allocator, self.tree_cache, self.model_config,
-                                    server_args=server_args)
+                                    server_args=server_args,
+                                    graph_max_bs=GRAPH_MAX_BS.get(config))
+        # Which batches run eagerly: what the real init_overlap told the FutureMap (13).
+        self.eager_above_bs = getattr(self.sched.future_map, "eager_mirror_above_bs", None)
+        self.worker.eager_above_bs = self.eager_above_bs
         # Before back-port 4 the relay always keeps the mirror (no needs_cpu_seq_lens yet).
         assert getattr(self.sched.future_map, "needs_cpu_seq_lens", True) == mirror
         # Every host read inside resolve_seq_lens_cpu (the one place the mirror is made).
@@ -186,8 +194,10 @@ class Simulation:
         self.finished: list[str] = []
         self.stats = dict(prefill=0, decode=0, filtered=0, merged=0, slot_reuse=0,
                           slot_shared_in_batch=0, decode_after_prefill=0,
-                          decode_after_prefill_mixed=0)
+                          decode_after_prefill_mixed=0, eager=0, eager_after_eager=0,
+                          eager_after_prefill_mixed=0)
         self._prev_extend = None  # the requests of the last batch launched, if a prefill
+        self._prev_eager = False  # whether the last batch launched ran eagerly
         self._slots_seen: dict[int, str] = {}
 
     # -- requests
@@ -363,7 +373,9 @@ class Simulation:
                 assert seen["rids"] == rids and seen["seq_lens"] == expected
                 # After run_batch the batch holds what it launched with (resolved lengths).
                 assert batch.seq_lens.tolist() == expected, (it, rids)
-                if self.mirror or batch.forward_mode.is_extend():
+                eager = (not batch.forward_mode.is_extend() and self.eager_above_bs is not None
+                         and len(rids) > self.eager_above_bs)
+                if self.mirror or batch.forward_mode.is_extend() or eager:
                     assert batch.seq_lens_cpu.tolist() == expected, (it, rids)
                     assert batch.seq_lens_sum == sum(expected), (it, rids)
                 else:
@@ -378,6 +390,10 @@ class Simulation:
                     self.stats["decode_after_prefill"] += 1
                     if set(rids) - self._prev_extend:
                         self.stats["decode_after_prefill_mixed"] += 1
+                        self.stats["eager_after_prefill_mixed"] += eager
+                self.stats["eager"] += eager
+                self.stats["eager_after_eager"] += eager and self._prev_eager
+                self._prev_eager = eager
                 self._prev_extend = set(rids) if batch.forward_mode.is_extend() else None
                 self.result_queue.append((batch.copy(), result))
             if self.last_batch is not None:
@@ -418,6 +434,13 @@ def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls, config):
     if mirror:
         assert len(with_d2h) == sum(not c["extend"] for c in sim.worker.calls), with_d2h
         assert all(("Tensor.cpu", False) in hits for hits in with_d2h), with_d2h
+    elif sim.eager_above_bs is not None:
+        # Eager batches take exact host lengths from the relay (back-port 21): a prefill's
+        # host values and the previous decode's copy, so no device read-back in resolve (the
+        # mirror's copy would wait for the last publish: a prefill's, after a prefill).
+        assert sim.eager_above_bs == GRAPH_MAX_BS[config]
+        copies = [hits for hits in sim.resolve_hits if any(h[0] == "Tensor.cpu" for h in hits)]
+        assert copies == [], f"an eager batch read seq_lens back: {copies}"
     else:
         assert with_d2h == [], f"seq_lens read back to the host without a mirror: {with_d2h}"
     st = sim.stats
@@ -436,6 +459,11 @@ def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls, config):
     # forward before it (back-port 14). Where the mirror is on, or Triton, nothing asks.
     if config == "fa3_pcg":
         assert sim.worker.draft_extend_sources == ["relay"] * st["decode"]
+    elif config == "fa3_pcg_eager":
+        # An eager batch has exact host lengths already; the others ask, as above.
+        assert sim.worker.draft_extend_sources == ["relay"] * (st["decode"] - st["eager"])
+        assert st["eager"] >= 8 and st["eager_after_prefill_mixed"] >= 3, st
+        assert st["eager_after_eager"] >= 3 and st["decode"] - st["eager"] >= 8, st
     else:
         assert sim.worker.draft_extend_sources == []
     aborted = sim.reqs[f"r-{ABORT_AT[11]}"]

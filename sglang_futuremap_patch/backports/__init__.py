@@ -29,6 +29,7 @@ SERIES: tuple[str, ...] = (
     "fa3_mla_device_metadata",
     "early_intake",
     "flashinfer_host_prefix_sum",
+    "eager_relay_lens",
 )
 
 

@@ -1,4 +1,4 @@
-"""Back-port 20: FlashInfer's ragged prefill sums its prefix lengths on the host (opt-in).
+"""Back-port 20: FlashInfer's ragged prefill sums its prefix lengths on the host.
 
 Upstream: the same change is in SGLang 0.5.14's FlashInfer backend (``update_single_wrapper``
 takes the host's ``extend_prefix_lens_cpu`` and sums it; the TODO above the old line asked for
@@ -18,12 +18,12 @@ the plugin pays more for that sync at some concurrencies than stock.
 How: ``FlashInferAttnBackend.init_forward_metadata`` hands the prefill updater the batch's
 host copy of the same lengths (``forward_batch.extend_prefix_lens_cpu``: the list the device
 tensor was built from; that branch of the function already reads it). The single-wrapper
-updater sums that list instead of reading the device sum back, when the opt-in is on
+updater sums that list instead of reading the device sum back, unless switched off
 (``flashinfer_host_prefix_sum_on``); the same integer either way, so the plan is the same. The
 sliding-window and cross-attention updaters take the new argument and leave it unused (their
-own syncs are a different computation). **Opt-in** (``SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM=1``)
-until the e2e suite and the serving benchmark have run with it on: it has not run on a GPU
-yet.
+own syncs are a different computation). **On by default**: the same integer as the read-back,
+so the same plan (token-identical by construction; the e2e ``fihost`` group checks it against
+stock on a GPU). ``SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM=0`` keeps the read-back.
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ import os
 
 from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
 
-#: Set to 1 to sum the prefix lengths on the host (off by default: module docstring).
+#: Set to 0 to keep the device-sum read-back (on by default: module docstring).
 HOST_PREFIX_SUM_ENV = "SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM"
 
 
 def flashinfer_host_prefix_sum_on() -> bool:
     """Whether FlashInfer's ragged prefill sums ``extend_prefix_lens_cpu`` on the host instead
-    of reading the device sum back (``SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM=1``)."""
-    return os.environ.get("SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM", "").strip() == "1"
+    of reading the device sum back (unless ``SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM=0``)."""
+    return os.environ.get("SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM", "").strip() != "0"
 
 
 def _new_keyword(note: str = "") -> tuple[TextEdit, ...]:
@@ -103,7 +103,7 @@ BACKPORT = Backport(
     upstream_prs=(),
     patch_file="0020-Attention-FlashInfer-s-ragged-prefill-sums-its-prefix-lengths-on-the-host.patch",
     summary="FlashInfer's ragged prefill plans from the host's prefix lengths instead of a "
-            "device-sum read-back that waits for the decodes in flight (opt-in)",
+            "device-sum read-back that waits for the decodes in flight",
     applied_upstream="0.5.14",
     targets=(
         Target(_FLASHINFER, "flashinfer_host_prefix_sum_on", flashinfer_host_prefix_sum_on,

@@ -1,0 +1,128 @@
+"""Back-port eager-relay-lens: an eager spec-v2 batch reads its host lengths from the relay.
+
+SGLang's real ``FutureMap`` (as patched) on CPU, where the private-stream copies are plain
+copies and the mirror's copy is a ``Tensor.cpu`` (the host-sync probe counts it); the whole
+scheduling loop with eager batches after prefills and after each other is
+``test_overlap_simulation.py::test_spec_v2_overlap_simulation[...-fa3_pcg_eager]``. What
+needs CUDA (the private stream, the host's wait for the copy's event) is covered by the GPU
+runs only.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import relay_batch
+from sim_support import HostSyncProbe
+
+EAGER_ABOVE = 2  # batches of 3 or more requests run eagerly
+
+
+@pytest.fixture
+def fmap(spec_future_map):
+    m = spec_future_map(needs_cpu_seq_lens=False)
+    m.eager_mirror_above_bs = EAGER_ABOVE
+    return m
+
+
+@pytest.fixture
+def probe():
+    p = HostSyncProbe().install()
+    yield p
+    p.uninstall()
+
+
+def _forward(fmap, probe, mode, slots, published, lens=None):
+    """One spec-v2 forward in ``forward_spec_v2_overlap``'s order: resolve (a decode; probed),
+    the worker batch, lend, the forward's publish, keep. Returns (host lengths the batch was
+    launched with, whether resolve copied the device lengths to the host: the mirror)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch = relay_batch(slots)
+    batch.forward_mode = getattr(ForwardMode, mode)
+    copied = False
+    if mode == "DECODE":
+        with probe.armed():
+            fmap.resolve_seq_lens_cpu(batch)
+        copied = "Tensor.cpu" in [name for name, _ in probe.take()]
+    else:
+        batch.seq_lens_cpu = torch.tensor(lens)  # a prefill is built on the host
+    mwb = SimpleNamespace(seq_lens_cpu=batch.seq_lens_cpu)
+    fmap.lend_draft_extend_lens(batch, mwb)
+    fmap.publish(torch.tensor(slots), torch.tensor(published))
+    if mode == "DECODE" and mwb.seq_lens_cpu is None:
+        # a graph-size decode on FA3: its draft extend asks for host lengths (back-port 14)
+        mwb.seq_lens_cpu_pending = getattr(mwb, "relayed_seq_lens_cpu", None) or "the late copy"
+    fmap.keep_draft_extend_lens(batch, mwb)
+    host = None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist()
+    if host is not None and mode == "DECODE":
+        assert batch.seq_lens_sum == sum(host)
+    return host, copied
+
+
+def test_the_eager_decode_after_a_prefill_reads_no_lengths_back(fmap, probe):
+    assert _forward(fmap, probe, "EXTEND", [1, 2, 3], [5, 7, 4], lens=[5, 7, 4])[0] == [5, 7, 4]
+    # All three from the prefill's host lengths.
+    assert _forward(fmap, probe, "DECODE", [1, 2, 3], [8, 9, 6]) == ([5, 7, 4], False)
+    # A prefill, then an eager decode of the running requests and the new one: rows 1-3 from
+    # the copy taken after the decode's publish, row 4 from the prefill's host lengths; the
+    # mirror would have copied the buffer after the prefill's publish (waiting for it).
+    _forward(fmap, probe, "EXTEND", [4], [3], lens=[3])
+    host, copied = _forward(fmap, probe, "DECODE", [3, 1, 4, 2], [7, 10, 5, 12])
+    assert host == [6, 8, 3, 9] and not copied
+    # Eager decodes in a row: each keeps its own copy for the next.
+    assert _forward(fmap, probe, "DECODE", [1, 2, 3, 4], [11, 13, 8, 6])[0] == [10, 12, 7, 5]
+    assert _forward(fmap, probe, "DECODE", [4, 3, 2], [7, 9, 14]) == ([6, 8, 13], False)
+
+
+def test_an_eager_decode_after_a_graph_decode_reads_its_copy(fmap, probe):
+    _forward(fmap, probe, "EXTEND", [1, 2], [5, 7], lens=[5, 7])
+    assert _forward(fmap, probe, "DECODE", [1, 2], [8, 9]) == (None, False)  # a graph replays it
+    _forward(fmap, probe, "EXTEND", [3], [4], lens=[4])
+    assert _forward(fmap, probe, "DECODE", [1, 2, 3], [10, 11, 6]) == ([8, 9, 4], False)
+
+
+def test_lengths_the_relay_does_not_hold_come_from_the_mirror(fmap, probe):
+    _forward(fmap, probe, "EXTEND", [1, 2, 3], [5, 7, 4], lens=[5, 7, 4])
+    _forward(fmap, probe, "DECODE", [1, 2, 3], [8, 9, 6])
+    # A PD-decode bootstrap publishes outside a forward: the mirror copies, exact lengths.
+    fmap.publish(torch.tensor([4]), torch.tensor([30]))
+    host, copied = _forward(fmap, probe, "DECODE", [1, 2, 3, 4], [9, 10, 7, 31])
+    assert host == [8, 9, 6, 30] and copied
+    # That eager decode kept its own copy: from the next decode on the relay serves again.
+    _forward(fmap, probe, "EXTEND", [5], [2], lens=[2])
+    host, copied = _forward(fmap, probe, "DECODE", [1, 2, 3, 4, 5], [10, 11, 8, 32, 3])
+    assert host == [9, 10, 7, 31, 2] and not copied
+
+
+def test_rows_no_copy_covers_are_not_taken_from_a_stale_copy(fmap, probe):
+    _forward(fmap, probe, "EXTEND", [1, 2], [5, 7], lens=[5, 7])
+    _forward(fmap, probe, "DECODE", [1, 2], [8, 9])  # copy 0 holds 8, 9
+    batch = relay_batch([1, 2])
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch.forward_mode = ForwardMode.DECODE
+    mwb = SimpleNamespace(seq_lens_cpu=None)
+    fmap.lend_draft_extend_lens(batch, mwb)
+    fmap.publish(torch.tensor([1, 2]), torch.tensor([10, 11]))
+    fmap.keep_draft_extend_lens(batch, mwb)  # asked nothing: rows 1, 2 no longer covered
+    _forward(fmap, probe, "EXTEND", [3], [4], lens=[4])
+    host, copied = _forward(fmap, probe, "DECODE", [1, 2, 3], [12, 13, 5])
+    assert host == [10, 11, 4] and copied  # the mirror, not the stale 8, 9
+
+
+def test_with_the_mirror_on_every_batch_the_relay_is_not_asked(spec_future_map, probe):
+    mirrored = spec_future_map(needs_cpu_seq_lens=True)
+    mirrored.publish(torch.tensor([1, 2, 3]), torch.tensor([5, 7, 4]))
+    batch = relay_batch([1, 2, 3])
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch.forward_mode = ForwardMode.DECODE
+    with probe.armed():
+        mirrored.resolve_seq_lens_cpu(batch)
+    assert batch.seq_lens_cpu.tolist() == [5, 7, 4]
+    assert "Tensor.cpu" in [name for name, _ in probe.take()]
+    assert not hasattr(mirrored, "dx_copies")
