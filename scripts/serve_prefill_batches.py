@@ -22,6 +22,12 @@ server's own TTFT (SGLang's timestamps: received -> first output) of the measure
 p50 and p99 per boot, with every request and without those whose way to their first output
 overlapped a stall (``stall_rows`` defines each figure); medians over boots, stock -> patched.
 
+``--strata`` prints instead, per concurrency, the API server's TTFT (received -> first output)
+of every measured request of every boot, grouped by how many requests shared its prefill
+(``PREFILL_BUCKETS``): p50 per group and side, and both sides' p50 weighted by the groups'
+pooled counts, the same weights for both (``strata_rows`` defines it): stock -> patched at equal
+shared prefills, request by request, where ``fit`` compares whole cells.
+
 ``--launches`` prints instead, per concurrency and variant over the same cells (measured
 requests only), how long ``run_batch`` holds the scheduler thread: steady decode launches and
 the first decode launch after a prefill (the launch, the host waits inside it, the launch less
@@ -436,6 +442,67 @@ def stall_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- --strata
+
+
+def strata_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """One row per concurrency, over every measured request of every boot of both sides (of every
+    record and its timelines in ``pairs``) that has
+    the API server's timestamps and a prefill in the timeline: per ``PREFILL_BUCKETS`` group (the
+    size of the prefill the request was launched in) the requests and the API server's TTFT p50
+    per side (``records.quantile``), and ``adjusted``: each side's group p50s weighted by the
+    group's requests of both sides together, over the groups both sides have (direct
+    standardisation: what each side's p50 would be had both got the same mix of shared prefills),
+    with ``covered``, the share of requests in those groups."""
+    ttft: dict[tuple[int, str, str], list[float]] = collections.defaultdict(list)
+    runs = [split for record, by_run in pairs for split in split_cells(record, by_run)]
+    for run, events, cells in runs:
+        api = {e["rid"]: e for e in events if e["kind"] == "api"}
+        bs_of: dict[str, int] = {}
+        for e in events:
+            if e["kind"] == "run" and e["extend"]:
+                for rid in e.get("rids") or ():
+                    bs_of.setdefault(rid, e["bs"])
+        for c, _, arrivals in cells:
+            for e in arrivals:
+                rid = e["rid"]
+                if rid in api and rid in bs_of:
+                    label = next(lab for lo, hi, lab in PREFILL_BUCKETS if lo <= bs_of[rid] <= hi)
+                    ttft[(int(c), run["variant"], label)].append((api[rid]["first"] - api[rid]["received"]) * 1e3)
+    rows = []
+    for c in sorted({k[0] for k in ttft}):
+        groups = []
+        for *_, label in PREFILL_BUCKETS:
+            st, pa = ttft.get((c, "stock", label), []), ttft.get((c, "patched", label), [])
+            groups.append({"prefill": label, "requests": [len(st), len(pa)],
+                           "p50_ms": [round(records.quantile(x, 0.5), 1) if x else None for x in (st, pa)]})
+        both = [g for g in groups if all(g["requests"])]
+        total = sum(sum(g["requests"]) for g in groups)
+        if not both or not total:
+            continue
+        weight = sum(sum(g["requests"]) for g in both)
+        adjusted = [round(sum(sum(g["requests"]) * g["p50_ms"][i] for g in both) / weight, 1) for i in (0, 1)]
+        rows.append({"concurrency": c, "groups": groups, "adjusted_p50_ms": adjusted,
+                     "covered": round(weight / total, 3)})
+    return rows
+
+
+def strata_table(rows: list[dict[str, Any]]) -> str:
+    labels = [lab for *_, lab in PREFILL_BUCKETS]
+    lines = ["| conc | " + " | ".join(f"prefill of {lab}: requests, API TTFT p50 ms" for lab in labels)
+             + " | at equal shared prefills: stock -> patched (x) | requests in groups both sides have |",
+             "|---|" + "---|" * len(labels) + "---|---|"]
+    for r in rows:
+        cells = []
+        for g in r["groups"]:
+            (ns, np_), (a, b) = g["requests"], g["p50_ms"]
+            cells.append("-" if not ns and not np_ else f"{ns} / {np_}: {_cell(a)} -> {_cell(b)}")
+        a, b = r["adjusted_p50_ms"]
+        lines.append(f"| {r['concurrency']} | " + " | ".join(cells) + f" | {a:.1f} -> {b:.1f} (x{a / b:.3f}) "
+                     f"| {r['covered'] * 100:.0f}% |")
+    return "\n".join(lines)
+
+
 def _cell(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:.2f}"
 
@@ -481,9 +548,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: per concurrency and variant, how long decode and prefill launches hold the scheduler thread")
     p.add_argument("--stalls", action="store_true",
                    help="instead: the API server's event-loop stalls per cell, and TTFT with and without the requests they hit")
+    p.add_argument("--strata", action="store_true",
+                   help="instead: the API server's TTFT per request by the size of its shared prefill, both sides at equal sizes")
     args = p.parse_args(argv)
-    if args.launches and args.stalls:
-        print("serve_prefill_batches: --launches or --stalls, not both", file=sys.stderr)
+    if args.launches + args.stalls + args.strata > 1:
+        print("serve_prefill_batches: one of --launches, --stalls, --strata", file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
         print("serve_prefill_batches: give a record and its logs, pair by pair", file=sys.stderr)
@@ -498,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = launch_split([(str(path.parent), record, by_run) for path, record, by_run in pairs])
     elif args.stalls:
         rows = [row for _, record, by_run in pairs for row in stall_rows(record, by_run)]
+    elif args.strata:
+        rows = strata_rows([(record, by_run) for _, record, by_run in pairs])
     else:
         rows = [row for _, record, by_run in pairs for row in prefill_batch_sizes(record, by_run)]
     if not rows:
@@ -509,6 +580,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stalls:
         print(json.dumps({"stalls": rows}, indent=1) if args.json else stall_table(rows))
+        return 0
+    if args.strata:
+        print(json.dumps({"strata": rows}, indent=1) if args.json else strata_table(rows))
         return 0
     fits = fit(rows)
     print(json.dumps({"cells": rows, "fits": fits}, indent=1) if args.json else table(rows) + "\n\n" + fit_table(fits))

@@ -303,7 +303,7 @@ def test_stalls_mode_finds_the_api_servers_pauses_and_the_requests_they_hit(tmp_
     assert spb.main(["--stalls", str(rec), str(no_lag)]) == 0
     assert "| 4 | 0 of 0 / 1 of 1 |" in capsys.readouterr().out
     assert spb.main(["--stalls", "--launches", str(rec), str(logs)]) == 2
-    assert "not both" in capsys.readouterr().err
+    assert "one of --launches, --stalls, --strata" in capsys.readouterr().err
 
 
 def test_generated_shared_prefix_cells_hold_whole_groups(tmp_path: Path) -> None:
@@ -322,3 +322,36 @@ def test_generated_shared_prefix_cells_hold_whole_groups(tmp_path: Path) -> None
                                                                "13": {"median_ttft_ms": 50.0}}}]}
     rows = spb.prefill_batch_sizes(record, spb.timelines(logs))
     assert [(r["concurrency"], r["requests"]) for r in rows] == [(1, 8), (13, 48)]
+
+
+def test_strata_compare_both_sides_at_the_same_mix_of_shared_prefills(tmp_path: Path, capsys) -> None:
+    """Cell 4: stock launches its 8 requests as 1 + 7, patched as 3 + 5. Each side's requests are
+    faster in small prefills; patched is 1-2 ms faster at each size. Weighted by both sides'
+    requests per size (4 in 1-3, 12 in 4-8), stock 25.0 ms and patched 23.25 ms."""
+    head = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"]]
+    stock = _events(head + [["s0"], [f"s{i}" for i in range(1, 8)]])
+    patched = _events(head + [["s0", "s1", "s2"], [f"s{i}" for i in range(3, 8)]])
+    stock += _api(stock, {"s0": 10.0, **{f"s{i}": 30.0 for i in range(1, 8)}}, [])
+    patched += _api(patched, {**{f"s{i}": 9.0 for i in range(3)}, **{f"s{i}": 28.0 for i in range(3, 8)}}, [])
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 5.0, "4": 30.0}), ("patched", 0, {"2": 5.0, "4": 28.0})])))
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": sorted(stock, key=lambda e: e["t"])},
+                                        "timeline/patched-boot0/timeline-2.json": {"events": sorted(patched, key=lambda e: e["t"])}})
+    assert spb.main(["--strata", "--json", str(rec), str(logs)]) == 0
+    rows = {r["concurrency"]: r for r in json.loads(capsys.readouterr().out)["strata"]}
+    assert rows[2]["groups"][0] == {"prefill": "1-3", "requests": [4, 4], "p50_ms": [5.0, 5.0]}
+    assert rows[2]["adjusted_p50_ms"] == [5.0, 5.0] and rows[2]["covered"] == 1.0
+    four = rows[4]
+    assert [g["requests"] for g in four["groups"]] == [[1, 3], [7, 5], [0, 0], [0, 0]]
+    assert [g["p50_ms"] for g in four["groups"]][:2] == [[10.0, 9.0], [30.0, 28.0]]
+    assert four["adjusted_p50_ms"][0] == pytest.approx(25.0) and four["adjusted_p50_ms"][1] == pytest.approx(23.2, abs=0.06)
+    assert spb.main(["--strata", str(rec), str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert "| 4 | 1 / 3: 10.00 -> 9.00 | 7 / 5: 30.00 -> 28.00 | - | - | 25.0 -> 23." in out and "| 100% |" in out
+    # A size only one side has is left out of the comparison, and the share left in is said.
+    patched_only = _events(head + [[f"s{i}" for i in range(8)]])
+    patched_only += _api(patched_only, {f"s{i}": 28.0 for i in range(8)}, [])
+    logs2 = _tar(tmp_path / "m.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": sorted(stock, key=lambda e: e["t"])},
+                                         "timeline/patched-boot0/timeline-2.json": {"events": sorted(patched_only, key=lambda e: e["t"])}})
+    (row,) = [r for r in spb.strata_rows([(json.loads(rec.read_text()), spb.timelines(logs2))]) if r["concurrency"] == 4]
+    assert row["adjusted_p50_ms"] == [30.0, 28.0] and row["covered"] == pytest.approx(15 / 16, abs=0.001)
