@@ -63,10 +63,14 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          # back-port 17's barrier off: what it costs
          "patched-no-war": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER": "0"}),
          "patched-mla-mirror": ("strict", dict(child_env.MLA_MIRROR_ENV)),
-         # back-port 19's opt-in on: requests taken in while a finished request's lookahead runs
+         # back-port 19 switched on (an opt-in until 2026-11-26, on by default since: = patched)
          "patched-early-intake": ("strict", {"SGLANG_FUTUREMAP_EARLY_INTAKE": "1"}),
-         # back-port 20's opt-in on: FlashInfer's ragged prefill sums its prefix lengths on the host
-         "patched-fi-host-sum": ("strict", {"SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM": "1"})}
+         # back-port 19 off: the plugin without the early intake, to measure it beside patched
+         "patched-no-early-intake": ("strict", {"SGLANG_FUTUREMAP_EARLY_INTAKE": "0"}),
+         # back-port 20 switched on (an opt-in until 2026-11-26, on by default since: = patched)
+         "patched-fi-host-sum": ("strict", {"SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM": "1"}),
+         # back-port 20 off: FlashInfer's own device-sum read-back, beside patched
+         "patched-no-fi-host-sum": ("strict", {"SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM": "0"})}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
 MODE_NOTES = {
     "patched-prefill-first": "the plugin with back-port 16's opt-in on: a small or finished prefill's result "
@@ -74,10 +78,16 @@ MODE_NOTES = {
     "patched-no-war": "the plugin with back-port 17's WAR barrier off",
     "patched-mla-mirror": "the plugin with back-port 18 off (SGLANG_FUTUREMAP_FA3_MLA=0): FA3 with MLA "
                           "keeps the host mirror",
-    "patched-early-intake": "the plugin with back-port 19's opt-in on: requests that arrive while a finished "
-                            "request's lookahead decode runs are launched before its result is waited on",
-    "patched-fi-host-sum": "the plugin with back-port 20's opt-in on: FlashInfer's ragged prefill sums its "
-                           "prefix lengths on the host instead of reading them back",
+    "patched-early-intake": "the plugin with back-port 19 switched on (on by default since 2026-11-26): requests "
+                            "that arrive while a finished request's lookahead decode runs are launched before its "
+                            "result is waited on",
+    "patched-no-early-intake": "the plugin with back-port 19 off (SGLANG_FUTUREMAP_EARLY_INTAKE=0): the overlap "
+                               "loop's own order",
+    "patched-fi-host-sum": "the plugin with back-port 20 switched on (on by default since 2026-11-26): "
+                           "FlashInfer's ragged prefill sums its prefix lengths on the host instead of reading "
+                           "them back",
+    "patched-no-fi-host-sum": "the plugin with back-port 20 off (SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM=0): "
+                              "FlashInfer's own device-sum read-back",
 }
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")

@@ -138,7 +138,8 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
 
     assert prefill_result_first.PREFILL_RESULT_FIRST_ENV in env
     assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war", "patched-mla-mirror",
-                                   "patched-early-intake", "patched-fi-host-sum"}
+                                   "patched-early-intake", "patched-fi-host-sum", "patched-no-early-intake",
+                                   "patched-no-fi-host-sum"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -874,12 +875,23 @@ def test_no_war_variant_is_the_plugin_with_back_port_17_off() -> None:
     assert mode == "strict" and env == {war_barrier.WAR_BARRIER_ENV: "0"}
 
 
-def test_early_intake_variant_is_the_plugin_with_back_port_19_on() -> None:
-    from sglang_futuremap_patch.backports import early_intake
+def test_early_intake_and_host_prefix_sum_variants_switch_back_ports_19_and_20() -> None:
+    from sglang_futuremap_patch.backports import early_intake, flashinfer_host_prefix_sum as fihost
 
-    mode, env = sb.MODES["patched-early-intake"]
-    assert mode == "strict" and env == {early_intake.EARLY_INTAKE_ENV: "1"}
-    assert "back-port 19" in sb.MODE_NOTES["patched-early-intake"]
+    for variant, env_name, value in (("patched-early-intake", early_intake.EARLY_INTAKE_ENV, "1"),
+                                     ("patched-no-early-intake", early_intake.EARLY_INTAKE_ENV, "0"),
+                                     ("patched-fi-host-sum", fihost.HOST_PREFIX_SUM_ENV, "1"),
+                                     ("patched-no-fi-host-sum", fihost.HOST_PREFIX_SUM_ENV, "0")):
+        mode, env = sb.MODES[variant]
+        assert mode == "strict" and env == {env_name: value}, variant
+        assert ("back-port 19" if "intake" in variant else "back-port 20") in sb.MODE_NOTES[variant]
+    # What the back-port reads: 0 turns it off, unset leaves it on (back-port 19's own tests check
+    # its switch on the scheduler).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(fihost.HOST_PREFIX_SUM_ENV, "0")
+        assert fihost.flashinfer_host_prefix_sum_on() is False
+        mp.delenv(fihost.HOST_PREFIX_SUM_ENV)
+        assert fihost.flashinfer_host_prefix_sum_on() is True
 
 
 # ----------------------------------------------------------------------------- DeepSeek MTP (MLA)

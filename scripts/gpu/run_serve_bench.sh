@@ -9,8 +9,8 @@
 #   bash scripts/gpu/run_serve_bench.sh --backend triton --boots 1
 #   bash scripts/gpu/run_serve_bench.sh --server-arg=--cuda-graph-max-bs --server-arg=8 --concurrency 24   # eager batches
 #   bash scripts/gpu/run_serve_bench.sh --spec tree --concurrency 1,16,45   # the Llama auto tree 5/4/8 (stock: spec v1)
-#   bash scripts/gpu/run_serve_bench.sh --gpus 2 --backend triton --variants stock,patched,patched-early-intake \
-#       --timeline --boots 3 --concurrency 1,4,16   # back-port 19's opt-in beside the plugin as it ships
+#   bash scripts/gpu/run_serve_bench.sh --gpus 2 --backend triton --variants stock,patched,patched-no-early-intake \
+#       --timeline --boots 3 --concurrency 1,4,16   # the plugin without back-port 19 (on by default) beside it
 #   bash scripts/gpu/run_serve_bench.sh --gpus 2 --timeline --freeze-gc --concurrency 32,45,48   # SGLang's /freeze_gc
 #       once each server is ready (both sides): the cells without the one long API-server collection per server
 #   bash scripts/gpu/run_serve_bench.sh --gpus 2 --boots 2   # two-GPU machine (nvidia-h100-x2): each boot's stock and

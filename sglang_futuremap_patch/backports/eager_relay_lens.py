@@ -26,7 +26,9 @@ previous decode's verify, what stock's mirror waits for) and takes exactly the v
 mirror would have copied; otherwise the mirror, as before. An eager decode now also keeps that
 copy after its own publish (``keep_draft_extend_lens`` took it only for a decode whose draft
 extend asked for host lengths), so eager decodes in a row stay covered. The same integers either
-way: token-identical by construction.
+way: token-identical by construction, and on a GPU (the e2e FA3 set's eager case
+``fa3-standalone-graph-pcg-maxbs8`` among its 17/17; the serving record's eager row: no host wait
+left in the launch after a prefill, 20.6 ms against stock's 21.5; results/serve-bench/h200x4-final).
 """
 
 from __future__ import annotations

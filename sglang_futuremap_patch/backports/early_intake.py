@@ -39,8 +39,9 @@ attention, no receive skipper or input blocker): their ranks must poll in step, 
 polling more often than another would split them. Only with back-port 17's barrier in effect.
 **On by default** since the serving benchmark measured it (Triton, concurrency 1: dispatch ->
 scheduler 0.46 ms against stock's 0.52, TTFT p50 x1.10; results/serve-bench/h200x4-2026-11-26)
-and the e2e ``intake`` group (Triton) matched stock token for token with it; the FA3 e2e set
-runs it as shipped. ``SGLANG_FUTUREMAP_EARLY_INTAKE=0`` keeps the loop's own order.
+and the e2e suite matched stock token for token with it on: the ``intake`` group (Triton, 2/2)
+and the FA3 set (17/17) on the build that made it the default (results/serve-bench/h200x4-final).
+``SGLANG_FUTUREMAP_EARLY_INTAKE=0`` keeps the loop's own order.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ updater sums that list instead of reading the device sum back, unless switched o
 (``flashinfer_host_prefix_sum_on``); the same integer either way, so the plan is the same. The
 sliding-window and cross-attention updaters take the new argument and leave it unused (their
 own syncs are a different computation). **On by default**: the same integer as the read-back,
-so the same plan (token-identical by construction; the e2e ``fihost`` group checks it against
-stock on a GPU). ``SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM=0`` keeps the read-back.
+so the same plan: token-identical by construction, and on a GPU (the e2e ``fihost`` group, 2/2,
+results/serve-bench/h200x4-final, where the wait is gone from every patched prefill launch).
+``SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM=0`` keeps the read-back.
 """
 
 from __future__ import annotations
