@@ -125,16 +125,22 @@ def split_cells(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]
     return out
 
 
+def prefill_size_of(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Request id -> how many requests its (first) prefill launch held, from one server's timeline."""
+    size: dict[str, int] = {}
+    for e in events:
+        if e["kind"] == "run" and e["extend"]:
+            for rid in e.get("rids") or ():
+                size.setdefault(rid, e["bs"])
+    return size
+
+
 def prefill_batch_sizes(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per boot and cell: variant, boot, concurrency, requests, mean prefill batch size,
     TTFT p50 (ms)."""
     rows = []
     for run, events, cells in split_cells(record, by_run):
-        bs_of: dict[str, int] = {}
-        for e in events:
-            if e["kind"] == "run" and e["extend"]:
-                for rid in e.get("rids") or ():
-                    bs_of.setdefault(rid, e["bs"])
+        bs_of = prefill_size_of(events)
         for c, _, arrivals in cells:
             measured = [bs_of[e["rid"]] for e in arrivals if e["rid"] in bs_of]
             if measured:
@@ -458,11 +464,7 @@ def strata_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
     runs = [split for record, by_run in pairs for split in split_cells(record, by_run)]
     for run, events, cells in runs:
         api = {e["rid"]: e for e in events if e["kind"] == "api"}
-        bs_of: dict[str, int] = {}
-        for e in events:
-            if e["kind"] == "run" and e["extend"]:
-                for rid in e.get("rids") or ():
-                    bs_of.setdefault(rid, e["bs"])
+        bs_of = prefill_size_of(events)
         for c, _, arrivals in cells:
             for e in arrivals:
                 rid = e["rid"]
