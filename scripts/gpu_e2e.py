@@ -95,7 +95,8 @@ the run uses (``gpu_harness.port_blocks.PortAllocator``).
 
 Groups (``--group``, with ``--cases`` their union): ``base`` (everything before the FA3 set),
 ``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``, ``mla``, ``tree``, ``tree-v2``,
-``tree-v2-det``, ``intake`` (back-port 19's opt-in on), ``fihost`` (back-port 20's opt-in on).
+``tree-v2-det``, ``intake`` (back-port 19 switched on explicitly), ``fihost`` (back-port 20
+switched on explicitly; both on by default since 2026-11-26).
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -258,15 +259,16 @@ def all_cases() -> list[Case]:
     # in the soak, so that any difference is the plugin's.
     cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))))
-    # Back-port 19's opt-in (early intake) on: each batch of the matrix workload, and each HTTP
-    # arrival after the running batch emptied, may be launched while the last one's lookahead
-    # decode still runs. Stock ignores the switch (the plugin is off there).
+    # Back-port 19 (early intake; on by default) switched on explicitly: each batch of the matrix
+    # workload, and each HTTP arrival after the running batch emptied, may be launched while the
+    # last one's lookahead decode still runs. Stock ignores the switch (the plugin is off there).
     intake = (("SGLANG_FUTUREMAP_EARLY_INTAKE", "1"),)
     cases.append(Case("intake-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix", env=intake))
     cases.append(Case("intake-http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True)), env=intake))
-    # Back-port 20's opt-in (FlashInfer's ragged prefill sums its prefix lengths on the host) on:
-    # every prefill of the matrix workload on FlashInfer, with and without piecewise CUDA graph.
+    # Back-port 20 (FlashInfer's ragged prefill sums its prefix lengths on the host; on by default)
+    # switched on explicitly: every prefill of the matrix workload on FlashInfer, with and without
+    # piecewise CUDA graph.
     fihost = (("SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM", "1"),)
     cases.append(Case("fihost-eagle3-flashinfer-graph-nopcg", "EAGLE3", "flashinfer", True, False, "matrix",
                       env=fihost))

@@ -456,7 +456,7 @@ def strata_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
     record and its timelines in ``pairs``) that has
     the API server's timestamps and a prefill in the timeline: per ``PREFILL_BUCKETS`` group (the
     size of the prefill the request was launched in) the requests and the API server's TTFT p50
-    per side (``records.quantile``), and ``adjusted``: each side's group p50s weighted by the
+    per side (``records.quantile``), and ``adjusted_p50_ms``: each side's group p50s weighted by the
     group's requests of both sides together, over the groups both sides have (direct
     standardisation: what each side's p50 would be had both got the same mix of shared prefills),
     with ``covered``, the share of requests in those groups."""
@@ -479,9 +479,9 @@ def strata_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
             groups.append({"prefill": label, "requests": [len(st), len(pa)],
                            "p50_ms": [round(records.quantile(x, 0.5), 1) if x else None for x in (st, pa)]})
         both = [g for g in groups if all(g["requests"])]
-        total = sum(sum(g["requests"]) for g in groups)
-        if not both or not total:
+        if not both:
             continue
+        total = sum(sum(g["requests"]) for g in groups)
         weight = sum(sum(g["requests"]) for g in both)
         adjusted = [round(sum(sum(g["requests"]) * g["p50_ms"][i] for g in both) / weight, 1) for i in (0, 1)]
         rows.append({"concurrency": c, "groups": groups, "adjusted_p50_ms": adjusted,

@@ -35,10 +35,12 @@ def probe():
     p.uninstall()
 
 
-def _forward(fmap, probe, mode, slots, published, lens=None):
+def _forward(fmap, probe, mode, slots, published, lens=None, asks=True):
     """One spec-v2 forward in ``forward_spec_v2_overlap``'s order: resolve (a decode; probed),
-    the worker batch, lend, the forward's publish, keep. Returns (host lengths the batch was
-    launched with, whether resolve copied the device lengths to the host: the mirror)."""
+    the worker batch, lend, the forward's publish, keep. A graph-size decode's draft extend asks
+    for host lengths unless ``asks`` is False (e.g. a batch its draft-extend graph replays).
+    Returns (host lengths the batch was launched with, whether resolve copied the device
+    lengths to the host: the mirror)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     batch = relay_batch(slots)
@@ -53,7 +55,7 @@ def _forward(fmap, probe, mode, slots, published, lens=None):
     mwb = SimpleNamespace(seq_lens_cpu=batch.seq_lens_cpu)
     fmap.lend_draft_extend_lens(batch, mwb)
     fmap.publish(torch.tensor(slots), torch.tensor(published))
-    if mode == "DECODE" and mwb.seq_lens_cpu is None:
+    if mode == "DECODE" and mwb.seq_lens_cpu is None and asks:
         # a graph-size decode on FA3: its draft extend asks for host lengths (back-port 14)
         mwb.seq_lens_cpu_pending = getattr(mwb, "relayed_seq_lens_cpu", None) or "the late copy"
     fmap.keep_draft_extend_lens(batch, mwb)
@@ -101,14 +103,8 @@ def test_lengths_the_relay_does_not_hold_come_from_the_mirror(fmap, probe):
 def test_rows_no_copy_covers_are_not_taken_from_a_stale_copy(fmap, probe):
     _forward(fmap, probe, "EXTEND", [1, 2], [5, 7], lens=[5, 7])
     _forward(fmap, probe, "DECODE", [1, 2], [8, 9])  # copy 0 holds 8, 9
-    batch = relay_batch([1, 2])
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    batch.forward_mode = ForwardMode.DECODE
-    mwb = SimpleNamespace(seq_lens_cpu=None)
-    fmap.lend_draft_extend_lens(batch, mwb)
-    fmap.publish(torch.tensor([1, 2]), torch.tensor([10, 11]))
-    fmap.keep_draft_extend_lens(batch, mwb)  # asked nothing: rows 1, 2 no longer covered
+    # A graph-size decode whose draft extend asked nothing: rows 1, 2 are no longer covered.
+    assert _forward(fmap, probe, "DECODE", [1, 2], [10, 11], asks=False) == (None, False)
     _forward(fmap, probe, "EXTEND", [3], [4], lens=[4])
     host, copied = _forward(fmap, probe, "DECODE", [1, 2, 3], [12, 13, 5])
     assert host == [10, 11, 4] and copied  # the mirror, not the stale 8, 9
@@ -117,12 +113,5 @@ def test_rows_no_copy_covers_are_not_taken_from_a_stale_copy(fmap, probe):
 def test_with_the_mirror_on_every_batch_the_relay_is_not_asked(spec_future_map, probe):
     mirrored = spec_future_map(needs_cpu_seq_lens=True)
     mirrored.publish(torch.tensor([1, 2, 3]), torch.tensor([5, 7, 4]))
-    batch = relay_batch([1, 2, 3])
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    batch.forward_mode = ForwardMode.DECODE
-    with probe.armed():
-        mirrored.resolve_seq_lens_cpu(batch)
-    assert batch.seq_lens_cpu.tolist() == [5, 7, 4]
-    assert "Tensor.cpu" in [name for name, _ in probe.take()]
+    assert _forward(mirrored, probe, "DECODE", [1, 2, 3], [6, 8, 5]) == ([5, 7, 4], True)
     assert not hasattr(mirrored, "dx_copies")

@@ -48,7 +48,7 @@ def test_matrix_covers_every_combination_once() -> None:
 
 
 def test_intake_group_runs_back_port_19_on_against_stock() -> None:
-    """The ``intake`` group: back-port 19's opt-in on in both runs (stock ignores it), on the
+    """The ``intake`` group: back-port 19 switched on explicitly in both runs (stock ignores it), on the
     matrix workload and on HTTP arrivals under deterministic inference, judged token for token."""
     from sglang_futuremap_patch.backports import early_intake
 
@@ -61,7 +61,7 @@ def test_intake_group_runs_back_port_19_on_against_stock() -> None:
 
 
 def test_fihost_group_runs_back_port_20_on_against_stock() -> None:
-    """The ``fihost`` group: back-port 20's opt-in on in both runs (stock ignores it), the matrix
+    """The ``fihost`` group: back-port 20 switched on explicitly in both runs (stock ignores it), the matrix
     workload on FlashInfer with and without piecewise CUDA graph, judged token for token."""
     from sglang_futuremap_patch.backports import flashinfer_host_prefix_sum as fihost
 
