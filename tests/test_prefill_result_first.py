@@ -40,7 +40,7 @@ def _batch(name: str, mode: str, spec_v2: bool = True, new_tokens: int = 256):
     fm = ForwardMode.EXTEND if mode == "prefill" else ForwardMode.DECODE
     b = SimpleNamespace(name=name, forward_mode=fm, is_spec_v2=spec_v2, has_grammar=False,
                         is_extend_in_batch=fm.is_extend(),
-                        extend_num_tokens=new_tokens if fm.is_extend() else None)
+                        reqs=[SimpleNamespace(extend_input_len=new_tokens if fm.is_extend() else 0)])
     b.copy = lambda: b
     return b
 
@@ -154,3 +154,134 @@ def test_stock_order_where_it_does_not_apply(patched, monkeypatch, case):
 def test_idle_iteration_after_a_prefill_processes_it(patched):
     """No next batch: the loop processes the prefill as before (nothing to reorder)."""
     assert _run_loop([_batch("P", "prefill"), None], {"P": True}) == ["launch P", "process P"]
+
+
+class _Batch:
+    """A batch as SGLang's scheduler handles it, reduced to what the loop, the real
+    ``get_next_batch_to_run`` and the real ``update_running_batch`` touch. As in SGLang,
+    ``copy()`` is a snapshot taken at launch (``ScheduleBatch.copy``: a new batch with the
+    forward mode and a copy of the request list, no ``extend_num_tokens``) and
+    ``prepare_for_decode`` turns the batch itself into a decode (``ScheduleBatch.prepare_for_decode``
+    sets ``self.forward_mode`` first)."""
+
+    def __init__(self, name: str, reqs: list, new_tokens: int | None = None):
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        self.name, self.reqs, self.decodes = name, reqs, 0
+        self.forward_mode = ForwardMode.EXTEND
+        self.extend_num_tokens = new_tokens
+        self.is_spec_v2, self.has_grammar, self.is_prefill_only = True, False, False
+        self.chunked_req, self.batch_is_full = None, False
+
+    @property
+    def is_extend_in_batch(self) -> bool:
+        return self.forward_mode.is_extend()
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    def filter_batch(self, **kwargs) -> None:
+        self.reqs = [r for r in self.reqs if not r.finished()]
+
+    def merge_batch(self, other: "_Batch") -> None:
+        self.reqs = self.reqs + other.reqs
+
+    def check_decode_mem(self) -> bool:
+        return True
+
+    def prepare_for_decode(self) -> None:
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        self.forward_mode = ForwardMode.DECODE
+        self.decodes += 1
+        self.name = f"D{self.decodes}"
+
+    def copy(self) -> "_Batch":
+        snap = _Batch(self.name, self.reqs[:])
+        snap.forward_mode = self.forward_mode
+        return snap
+
+
+def _run_from_idle(prompt_tokens: int, done: bool) -> list[str]:
+    """One request reaches an idle server (nothing running): SGLang's real overlap loop,
+    ``get_next_batch_to_run`` and ``update_running_batch`` make its prefill batch the running
+    batch and turn that same object into the decode. Returns the launches and result processing
+    (the prefill ``P``, then decodes ``D1``, ``D2``); ``done``: whether the prefill's
+    ``copy_done`` has completed when the loop asks."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    sched = object.__new__(Scheduler)
+    log: list[str] = []
+    answers, waiting = deque([["A"], [], [], []]), []
+
+    def recv_requests():
+        if not answers:
+            raise _StopLoop
+        return answers.popleft()
+
+    def get_new_batch_prefill():
+        if not waiting:
+            return None
+        req = SimpleNamespace(finished=lambda: False, is_retracted=False,
+                              extend_input_len=prompt_tokens)
+        waiting.clear()
+        return _Batch("P", [req], new_tokens=prompt_tokens)
+
+    def run_batch(batch):
+        log.append(f"launch {batch.name}")
+        return SimpleNamespace(copy_done=_Event(done if batch.name == "P" else False))
+
+    sched.recv_requests = recv_requests
+    sched.process_input_requests = lambda reqs: waiting.extend(reqs)
+    sched.get_new_batch_prefill = get_new_batch_prefill
+    sched.running_batch = _Batch("-", [])
+    sched.run_batch = run_batch
+    sched.process_batch_result = lambda batch, result: log.append(f"process {batch.name}")
+    sched.launch_batch_sample_if_needed = lambda result: None
+    sched.on_idle = sched.self_check_during_busy = lambda: None
+    sched._abort_on_waiting_timeout = sched._abort_on_running_timeout = lambda: None
+    sched.maybe_prepare_mlp_sync_batch = lambda batch, need_sync=False: batch
+    sched._maybe_prepare_ngram_embedding = lambda batch: batch
+    sched.dllm_config = sched.chunked_req = None
+    sched.enable_hisparse = sched.enable_fpm = sched.enable_hierarchical_cache = False
+    sched.new_token_ratio, sched.new_token_ratio_decay, sched.min_new_token_ratio = 0.7, 0.001, 0.1
+    sched.forward_stream = "forward"
+    sched.schedule_stream = SimpleNamespace(wait_stream=lambda stream: None)
+    sched._engine_paused = False
+    sched.is_generation = sched.enable_overlap = True
+    sched.require_mlp_sync = False
+    sched.spec_algorithm = SimpleNamespace(is_none=lambda: False)
+    sched.tp_size = sched.pp_size = sched.attn_cp_size = 1
+    sched.server_args = SimpleNamespace(enable_dp_attention=False, speculative_skip_dp_mlp_sync=False)
+    sched.recv_skipper = sched.input_blocker = None
+    sched.last_batch = sched.cur_batch = None
+    with pytest.raises(_StopLoop):
+        sched.event_loop_overlap()
+    assert sched.running_batch.reqs and sched.running_batch.decodes == 3  # one object throughout
+    return log
+
+
+FROM_IDLE_RESULT_FIRST = ["launch P", "process P", "launch D1", "launch D2", "process D1", "launch D3",
+                          "process D2"]
+
+
+@pytest.mark.parametrize("done", [True, False])
+def test_prefill_on_an_idle_server_goes_first(patched, done):
+    """Concurrency 1: by the time the loop decides, ``self.last_batch`` *is* the running decode
+    (SGLang reused the prefill batch), so only the snapshot queued with the result still says
+    prefill. Finished, or small and still running: its first tokens leave before D1's launch."""
+    assert _run_from_idle(256, done) == FROM_IDLE_RESULT_FIRST
+
+
+def test_large_prefill_on_an_idle_server_keeps_the_overlap_order(patched):
+    """The size comes from the snapshot's requests (``copy()`` drops ``extend_num_tokens``)."""
+    assert _run_from_idle(1025, False)[:3] == ["launch P", "launch D1", "process P"]
+    assert _run_from_idle(1025, True) == FROM_IDLE_RESULT_FIRST
+
+
+def test_prefill_on_an_idle_server_stock_order_without_the_switch(patched, monkeypatch):
+    monkeypatch.delenv("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST")
+    assert _run_from_idle(256, True)[:3] == ["launch P", "launch D1", "process P"]

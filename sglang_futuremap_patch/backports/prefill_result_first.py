@@ -33,13 +33,19 @@ flags there) and not for non-speculative batches (unchanged).
 Measured (H100, default configuration, serving benchmark, 2026-11-24, one boot per variant in
 one call, results/serve-bench/h100-prf): inside the scheduler it does what it says at
 concurrency 4 (a prefill's launch end -> its result processing 0.9 ms against 9.7 stock and
-10.0 with the plugin's overlap order) but not at 1 (a 256-token prefill is still running on the
-GPU ~7 ms after its launch returns, so the loop waits about as long as the decode launch would
-have taken); the client's TTFT p50 did not improve beyond the boot-to-boot scatter (two
-near-identical builds differed by up to 20% at concurrency 1-8) and TPOT p50 read 0-9% worse
-than the overlap order in the same call. So it is **opt-in**:
+10.0 with the plugin's overlap order); the client's TTFT p50 did not improve beyond the
+boot-to-boot scatter (two near-identical builds differed by up to 20% at concurrency 1-8) and
+TPOT p50 read 0-9% worse than the overlap order in the same call. So it is **opt-in**:
 ``SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST=1`` turns it on; unset (or anything else) keeps the
 overlap loop's stock order.
+
+Fixed 2026-11-26, not yet measured on a GPU: until then it never acted on a prefill that
+reached an idle server (every prefill at concurrency 1). It read the prefill's mode from
+``self.last_batch``, which SGLang by then has made the running batch and turned into the decode
+in place. The timelines show it: at concurrency 1 every prefill's next event was the decode
+launch, in the h100-prf record (read then as the loop waiting for a running prefill) and in the
+FA3 tree runs of results/serve-bench/h200x2-2026-11-26, where that launch is 4-5 ms of the tree's
+TTFT gap to stock spec v1. It now reads the snapshot the loop queued with the result.
 """
 
 from __future__ import annotations
@@ -60,30 +66,35 @@ SMALL_PREFILL_TOKENS = 1024
 def process_prefill_first(self, batch) -> bool:
     """Whether the overlap loop should process the last batch, a spec-v2 prefill, before it
     launches ``batch``: when the prefill has finished on the GPU (the event query does not
-    block), or when ``batch`` is a decode and the prefill is small. Cheap checks first."""
-    last = self.last_batch
+    block), or when ``batch`` is a decode and the prefill is small. Cheap checks first.
+
+    The last batch is read from the snapshot the loop queued with its result
+    (``result_queue[0][0]``, ``ScheduleBatch.copy()`` at launch), not from ``self.last_batch``:
+    when no request was running, ``get_next_batch_to_run`` makes the prefill batch object itself
+    the running batch and ``prepare_for_decode`` turns it into the decode in place, so by now
+    ``self.last_batch`` says DECODE (the case of every prefill at concurrency 1)."""
     if (
         batch is None
         or not batch.is_spec_v2
-        or last is None
-        or not last.forward_mode.is_extend()
+        or self.last_batch is None
         or self.require_mlp_sync
         or not self.result_queue
     ):
         return False
+    launched, result = self.result_queue[0]
+    if not launched.forward_mode.is_extend():
+        return False
     if os.environ.get("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "").strip() != "1":
         return False  # opt-in: not measured to pay off (module docstring)
-    copy_done = self.result_queue[0][1].copy_done
+    copy_done = result.copy_done
     if copy_done is None:
         return False
     if copy_done.query():
         return True
-    new_tokens = last.extend_num_tokens
-    return (
-        batch.forward_mode.is_decode()
-        and new_tokens is not None
-        and new_tokens <= SMALL_PREFILL_TOKENS
-    )
+    # The snapshot keeps the prefill's requests; each one's extend_input_len is what it
+    # prefilled (ScheduleBatch.copy() does not carry extend_num_tokens).
+    new_tokens = sum(req.extend_input_len for req in launched.reqs)
+    return batch.forward_mode.is_decode() and new_tokens <= SMALL_PREFILL_TOKENS
 
 
 _SCHEDULER = "sglang.srt.managers.scheduler"
