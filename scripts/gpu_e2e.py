@@ -96,7 +96,8 @@ the run uses (``gpu_harness.port_blocks.PortAllocator``).
 Groups (``--group``, with ``--cases`` their union): ``base`` (everything before the FA3 set),
 ``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``, ``mla``, ``tree``, ``tree-v2``,
 ``tree-v2-det``, ``intake`` (back-port 19 switched on explicitly), ``fihost`` (back-port 20
-switched on explicitly; both on by default since 2026-11-26).
+switched on explicitly; both on by default since 2026-11-26), ``mrelay`` (back-port 22's opt-in
+on: FlashInfer chains, the FA3 tree).
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -275,7 +276,7 @@ def all_cases() -> list[Case]:
     cases.append(Case("fihost-standalone-flashinfer-graph-pcg", "STANDALONE", "flashinfer", True, True, "matrix",
                       env=fihost))
     return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + mla_cases()
-            + tree_cases() + tree_v2_cases() + tree_v2_det_cases())
+            + tree_cases() + tree_v2_cases() + tree_v2_det_cases() + mirror_relay_cases())
 
 
 #: The profiles that run the soak workload (GPU memory sampled, checked flat).
@@ -506,6 +507,24 @@ def tree_v2_det_cases() -> list[Case]:
     return cases
 
 
+def mirror_relay_cases() -> list[Case]:
+    """Back-port 22 (opt-in, ``SGLANG_FUTUREMAP_MIRROR_RELAY=1``) on backends that keep the host
+    mirror: FlashInfer with a chain against stock token for token (the same host lengths, so the
+    same tokens), and the FA3 tree on spec v2 (the tree the switch was written for), judged as the
+    ``treev2`` cases are (near-ties against stock spec v1, SGLang 0.5.13 beside it)."""
+    mrelay = (("SGLANG_FUTUREMAP_MIRROR_RELAY", "1"),)
+    cases = [Case("mrelay-eagle3-flashinfer-graph-nopcg", "EAGLE3", "flashinfer", True, False, "matrix",
+                  env=mrelay),
+             Case("mrelay-standalone-flashinfer-graph-pcg", "STANDALONE", "flashinfer", True, True, "matrix",
+                  env=mrelay)]
+    tree = {**_TREE_V2, "env": _TREE_V2["env"] + mrelay}
+    cases.append(Case("mrelay-treev2-standalone-fa3-5x4x8-graph-pcg", "STANDALONE", "fa3", True, True, "tree",
+                      spec_tree(5, 4, 8), **tree))
+    cases.append(Case("mrelay-treev2-auto-eagle3-default", "EAGLE3", "default", True, True, "tree", AUTO_SPEC,
+                      stock_extra=AUTO_TREE + (("attention_backend", "fa3"),), **tree))
+    return cases
+
+
 #: Named case sets (``--group``): fnmatch patterns over case names.
 GROUPS: dict[str, tuple[str, ...]] = {
     "base": ("eagle3-*", "standalone-*", "retract-*", "soak-*", "text-*", "tp2-eagle3-*", "tp2-standalone-*",
@@ -522,6 +541,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "tree-v2-det": ("treev2det-*",),
     "intake": ("intake-*",),
     "fihost": ("fihost-*",),
+    "mrelay": ("mrelay-*",),
 }
 
 

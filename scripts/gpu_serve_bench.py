@@ -70,7 +70,9 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          # back-port 20 switched on (an opt-in until 2026-11-26, on by default since: = patched)
          "patched-fi-host-sum": ("strict", {"SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM": "1"}),
          # back-port 20 off: FlashInfer's own device-sum read-back, beside patched
-         "patched-no-fi-host-sum": ("strict", {"SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM": "0"})}
+         "patched-no-fi-host-sum": ("strict", {"SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM": "0"}),
+         # back-port 22's opt-in on: a mirrored backend's decodes read host lengths from the relay
+         "patched-mirror-relay": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "1"})}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
 MODE_NOTES = {
     "patched-prefill-first": "the plugin with back-port 16's opt-in on: a small or finished prefill's result "
@@ -88,6 +90,8 @@ MODE_NOTES = {
                            "them back",
     "patched-no-fi-host-sum": "the plugin with back-port 20 off (SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM=0): "
                               "FlashInfer's own device-sum read-back",
+    "patched-mirror-relay": "the plugin with back-port 22's opt-in on (SGLANG_FUTUREMAP_MIRROR_RELAY=1): on a "
+                            "backend that keeps the host mirror, a decode reads its host lengths from the relay",
 }
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")

@@ -10,12 +10,10 @@ runs only.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from conftest import relay_batch
+from conftest import relay_forward as _forward
 from sim_support import HostSyncProbe
 
 EAGER_ABOVE = 2  # batches of 3 or more requests run eagerly
@@ -33,36 +31,6 @@ def probe():
     p = HostSyncProbe().install()
     yield p
     p.uninstall()
-
-
-def _forward(fmap, probe, mode, slots, published, lens=None, asks=True):
-    """One spec-v2 forward in ``forward_spec_v2_overlap``'s order: resolve (a decode; probed),
-    the worker batch, lend, the forward's publish, keep. A graph-size decode's draft extend asks
-    for host lengths unless ``asks`` is False (e.g. a batch its draft-extend graph replays).
-    Returns (host lengths the batch was launched with, whether resolve copied the device
-    lengths to the host: the mirror)."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    batch = relay_batch(slots)
-    batch.forward_mode = getattr(ForwardMode, mode)
-    copied = False
-    if mode == "DECODE":
-        with probe.armed():
-            fmap.resolve_seq_lens_cpu(batch)
-        copied = "Tensor.cpu" in [name for name, _ in probe.take()]
-    else:
-        batch.seq_lens_cpu = torch.tensor(lens)  # a prefill is built on the host
-    mwb = SimpleNamespace(seq_lens_cpu=batch.seq_lens_cpu)
-    fmap.lend_draft_extend_lens(batch, mwb)
-    fmap.publish(torch.tensor(slots), torch.tensor(published))
-    if mode == "DECODE" and mwb.seq_lens_cpu is None and asks:
-        # a graph-size decode on FA3: its draft extend asks for host lengths (back-port 14)
-        mwb.seq_lens_cpu_pending = getattr(mwb, "relayed_seq_lens_cpu", None) or "the late copy"
-    fmap.keep_draft_extend_lens(batch, mwb)
-    host = None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist()
-    if host is not None and mode == "DECODE":
-        assert batch.seq_lens_sum == sum(host)
-    return host, copied
 
 
 def test_the_eager_decode_after_a_prefill_reads_no_lengths_back(fmap, probe):

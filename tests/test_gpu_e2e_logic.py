@@ -73,6 +73,25 @@ def test_fihost_group_runs_back_port_20_on_against_stock() -> None:
     assert not any(c.needs_fa3 for c in cases)
 
 
+def test_mrelay_group_runs_back_port_22_on_mirrored_backends() -> None:
+    """The ``mrelay`` group: back-port 22's opt-in on (stock ignores it). FlashInfer chains are judged
+    token for token against stock; the FA3 tree on spec v2 as the ``treev2`` cases are, with the tree
+    switch as they have it."""
+    from sglang_futuremap_patch.backports import mirror_relay_lens
+
+    cases = e2e.select_cases(None, groups=["mrelay"])
+    assert [(c.name, c.backend, c.pcg, c.profile, c.tree_v2) for c in cases] == [
+        ("mrelay-eagle3-flashinfer-graph-nopcg", "flashinfer", False, "matrix", False),
+        ("mrelay-standalone-flashinfer-graph-pcg", "flashinfer", True, "matrix", False),
+        ("mrelay-treev2-standalone-fa3-5x4x8-graph-pcg", "fa3", True, "tree", True),
+        ("mrelay-treev2-auto-eagle3-default", "default", True, "tree", True)]
+    for c in cases:
+        assert dict(c.env)[mirror_relay_lens.MIRROR_RELAY_ENV] == "1"
+    assert [dict(c.env) for c in cases[2:]] == [
+        dict(e2e._TREE_V2["env"]) | {mirror_relay_lens.MIRROR_RELAY_ENV: "1"}] * 2
+    assert [c.needs_fa3 for c in cases] == [False, False, True, True]
+
+
 def test_groups_split_the_suite_and_the_fa3_set_covers_what_was_asked() -> None:
     base, fa3 = e2e.select_cases(None, groups=["base"]), e2e.select_cases(None, groups=["fa3"])
     every = {c.name for c in e2e.select_cases(None, groups=sorted(e2e.GROUPS))}
@@ -1142,11 +1161,13 @@ def test_the_tree_v2_group_selects_exactly_the_new_cases() -> None:
     assert len(cases) == 18
     assert [c.name for c in cases] == [c.name for c in e2e.all_cases() if c.name.startswith("treev2-")]
     assert all(c.tree_v2 and not c.spec_v1 and c.logprob_tol == e2e.TREE_V2_LOGPROB_TOL for c in cases)
-    assert not any(c.tree_v2 for c in e2e.all_cases() if not c.name.startswith("treev2"))
+    # besides them, only back-port 22's tree cases are judged as trees on spec v2 (its own group)
+    assert {c.name for c in e2e.all_cases() if c.tree_v2 and not c.name.startswith("treev2")} == {
+        c.name for c in e2e.mirror_relay_cases() if c.tree_v2}
     assert all(c.tree_v2 for c in e2e.tree_v2_det_cases())
     # the old group keeps its own cases; no other group takes a treev2 case
     assert [c.name for c in e2e.select_cases(None, groups=["tree"])] == [c.name for c in e2e.tree_cases()]
-    others = sorted(g for g in e2e.GROUPS if g not in ("tree-v2", "tree-v2-det"))
+    others = sorted(g for g in e2e.GROUPS if g not in ("tree-v2", "tree-v2-det", "mrelay"))
     assert not any(c.tree_v2 for c in e2e.select_cases(None, groups=others))
     # run_e2e.sh hands its arguments to gpu_e2e.py, whose --group choices are GROUPS
     assert e2e.build_parser().parse_args(["--group", "tree-v2"]).group == ["tree-v2"]
@@ -1232,7 +1253,8 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
         assert c.env == ((e2e.TREE_SPEC_V2_ENV, "1" if c.backend == "flashinfer" else None),), c.name
     assert {c.backend for c in e2e.tree_v2_cases()} >= {"flashinfer", "fa3", "triton", "default"}
     assert not any(c.env for c in e2e.all_cases()
-                   if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-", "intake-", "fihost-")))
+                   if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-", "intake-", "fihost-",
+                                             "mrelay-")))
     seen: dict[str, dict[str, str]] = {}
 
     def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):

@@ -139,7 +139,7 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
     assert prefill_result_first.PREFILL_RESULT_FIRST_ENV in env
     assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war", "patched-mla-mirror",
                                    "patched-early-intake", "patched-fi-host-sum", "patched-no-early-intake",
-                                   "patched-no-fi-host-sum"}
+                                   "patched-no-fi-host-sum", "patched-mirror-relay"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -892,6 +892,14 @@ def test_early_intake_and_host_prefix_sum_variants_switch_back_ports_19_and_20()
         assert fihost.flashinfer_host_prefix_sum_on() is False
         mp.delenv(fihost.HOST_PREFIX_SUM_ENV)
         assert fihost.flashinfer_host_prefix_sum_on() is True
+
+
+def test_mirror_relay_variant_switches_back_port_22_on() -> None:
+    from sglang_futuremap_patch.backports import mirror_relay_lens
+
+    mode, env = sb.MODES["patched-mirror-relay"]
+    assert mode == "strict" and env == {mirror_relay_lens.MIRROR_RELAY_ENV: "1"}
+    assert "back-port 22" in sb.MODE_NOTES["patched-mirror-relay"]
 
 
 # ----------------------------------------------------------------------------- DeepSeek MTP (MLA)

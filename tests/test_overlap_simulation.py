@@ -65,6 +65,8 @@ CONFIGS = {
     "no_mirror_pcg": (False, "triton", True),
     "fa3_pcg": (False, "fa3", True),
     "fa3_pcg_eager": (False, "fa3", True),
+    # The mirror with back-port 22's switch on: decodes read host lengths from the relay.
+    "mirror_relay": (True, "flashinfer", True),
 }
 #: config -> the largest batch the target's CUDA graph captured; decode batches above it run
 #: eagerly and, on FA3, read exact host lengths (back-port 13), from the relay (back-port 21).
@@ -422,8 +424,12 @@ def _all_done(sim):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("worker_cls", [ContractWorker, NoCallbackWorker],
                          ids=["on_publish", "safety_net"])
-def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls, config):
+def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls, config, monkeypatch):
     rig.use(algorithm)
+    if config == "mirror_relay":
+        monkeypatch.setenv("SGLANG_FUTUREMAP_MIRROR_RELAY", "1")
+    else:
+        monkeypatch.delenv("SGLANG_FUTUREMAP_MIRROR_RELAY", raising=False)
     sim = Simulation(algorithm, worker_cls, rig.probe, config).run()
     mirror = sim.mirror
     _all_done(sim)
@@ -431,7 +437,13 @@ def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls, config):
     # exactly when the mirror is on (back-port 4: never without it).
     assert len(sim.resolve_hits) == len(sim.worker.calls)
     with_d2h = [hits for hits in sim.resolve_hits if hits]
-    if mirror:
+    if config == "mirror_relay":
+        # Every decode's exact host lengths (checked in run) came from a prefill's host values
+        # or the previous decode's copy (back-port 22): none from a read-back in resolve, which
+        # would wait for the last publish (a prefill's, after a prefill).
+        copies = [hits for hits in sim.resolve_hits if any(h[0] == "Tensor.cpu" for h in hits)]
+        assert copies == [], f"a mirrored decode read seq_lens back: {copies}"
+    elif mirror:
         assert len(with_d2h) == sum(not c["extend"] for c in sim.worker.calls), with_d2h
         assert all(("Tensor.cpu", False) in hits for hits in with_d2h), with_d2h
     elif sim.eager_above_bs is not None:

@@ -30,6 +30,7 @@ SERIES: tuple[str, ...] = (
     "early_intake",
     "flashinfer_host_prefix_sum",
     "eager_relay_lens",
+    "mirror_relay_lens",
 )
 
 

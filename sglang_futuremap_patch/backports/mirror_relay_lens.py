@@ -1,0 +1,137 @@
+"""Back-port 22 (opt-in): a spec-v2 decode on the host mirror reads its lengths from the relay.
+
+Upstream: none (beyond upstream); it extends back-port 21's use of back-port 14's relay from
+eager batches without the mirror to every decode batch of a backend that keeps the mirror.
+Applies to: SGLang 0.5.12 and 0.5.12.post1. Delete when users are on a release whose
+backends need no host lengths (a tree on FA3 is the case it was written for). Depends on back-ports 5,
+14 and 21.
+
+Why: a backend that keeps the host mirror (``needs_cpu_seq_lens``: FA3 with topk > 1, i.e. a
+tree on spec v2; FlashInfer; trtllm) gets its host lengths in ``resolve_seq_lens_cpu`` from a
+copy of the whole length buffer that the private stream takes after the *last* publish, and
+the host waits for it. After a prefill the last publish is the prefill's (after its target
+forward), so the launch of the decode that follows waits for that forward on the GPU, and the
+prefill's result is processed only after that launch. On the FA3 tree at concurrency 16 that
+wait was 33.7 ms of a 39.9 ms launch (medians over the 16 first decodes after a prefill, in
+results/serve-bench/h200x2-2026-11-26). The GPU then idles while the host launches the
+decode, and the first tokens wait for that launch. The decode needs nothing from the prefill:
+the lengths of its running requests were fixed by the decode before, and those of the
+prefilled requests were built on the host.
+
+How: with ``SGLANG_FUTUREMAP_MIRROR_RELAY=1`` the relay's bookkeeping (back-port 14's
+``lend_draft_extend_lens`` / ``keep_draft_extend_lens``) also runs on a mirrored backend. A
+prefill's host lengths are recorded, and every decode keeps a copy of the length buffer on the
+private stream after its own publish (the mirror copied the same buffer in the next
+``resolve_seq_lens_cpu``: the copy is now queued earlier, still one per decode).
+``resolve_seq_lens_cpu`` then asks ``relayed_eager_seq_lens`` (back-port 21) first: when every
+request of the batch is covered, the host waits for the previous decode's copy only and takes
+exactly the values the mirror would have copied. Anything else (lengths published by a
+PD-decode bootstrap) takes the mirror as before.
+
+The same integers either way: the batch, the backend's metadata and the tokens are those of the
+mirror. Off by default until a GPU run has measured it (the e2e tree set and the serving
+benchmark's tree row); unset, or anything but 1, leaves the mirror path exactly as before.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
+
+#: Set to 1 to let a mirrored backend's decodes read their host lengths from the relay.
+MIRROR_RELAY_ENV = "SGLANG_FUTUREMAP_MIRROR_RELAY"
+
+# --------------------------------------------------------------------------- FutureMap
+
+
+def relays_host_lens(self) -> bool:
+    """Whether the relay keeps host lengths for this map: always without the mirror (back-port
+    14), and on a mirrored backend when ``SGLANG_FUTUREMAP_MIRROR_RELAY=1``."""
+    if not self.needs_cpu_seq_lens:
+        return True
+    return os.environ.get("SGLANG_FUTUREMAP_MIRROR_RELAY", "").strip() == "1"
+
+
+# --------------------------------------------------------------------------- text edits
+
+_RESOLVE_EDITS = (
+    TextEdit(
+        old="""\
+    relayed = None if self.needs_cpu_seq_lens else self.relayed_eager_seq_lens(batch)
+    if relayed is not None:
+        # An eager batch: the relay has its lengths without waiting for a prefill.
+""",
+        new="""\
+    relayed = self.relayed_eager_seq_lens(batch) if self.relays_host_lens() else None
+    if relayed is not None:
+        # An eager batch, or a decode on a mirrored backend with the relay switched on:
+        # the relay has its lengths without waiting for a prefill.
+""",
+    ),
+)
+
+_LEND_EDITS = (
+    TextEdit(
+        old="""\
+    if self.needs_cpu_seq_lens:
+        return
+    if not hasattr(self, "dx_copies"):
+""",
+        new="""\
+    if not self.relays_host_lens():
+        return
+    if not hasattr(self, "dx_copies"):
+""",
+    ),
+)
+
+_KEEP_EDITS = (
+    TextEdit(
+        old="""\
+    if self.needs_cpu_seq_lens or not hasattr(self, "dx_copies"):
+        return
+""",
+        new="""\
+    if not self.relays_host_lens() or not hasattr(self, "dx_copies"):
+        return
+""",
+    ),
+    TextEdit(
+        old="""\
+            getattr(model_worker_batch, "seq_lens_cpu_pending", None) is None
+            and not self.mirrors_eager_batch(batch)
+        ):
+""",
+        new="""\
+            getattr(model_worker_batch, "seq_lens_cpu_pending", None) is None
+            and not self.mirrors_eager_batch(batch)
+            and not self.needs_cpu_seq_lens  # a mirrored backend's next decode reads it
+        ):
+""",
+    ),
+)
+
+_OVERLAP = "sglang.srt.managers.overlap_utils"
+
+BACKPORT = Backport(
+    id="mirror-relay-lens",
+    title="[Spec] Mirrored spec-v2 decodes may read host lengths from the relay (opt-in)",
+    upstream_prs=(),
+    patch_file="0022-Spec-Mirrored-spec-v2-decodes-may-read-host-lengths-from-the-relay.patch",
+    summary="opt-in (SGLANG_FUTUREMAP_MIRROR_RELAY=1): on a backend that keeps the host mirror "
+            "(a tree on FA3, FlashInfer), a decode takes its host lengths from a prefill's host "
+            "values and the previous decode's private copy instead of a mirror copy behind the "
+            "prefill",
+    applied_upstream=None,
+    targets=(
+        Target(_OVERLAP, "os", os, expected=ABSENT, kind="value", import_line="import os"),
+        Target(_OVERLAP, "FutureMap.relays_host_lens", relays_host_lens, expected=ABSENT),
+        Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", None, expected="4f79f709274079db",
+               kind="edit", edits=_RESOLVE_EDITS),
+        Target(_OVERLAP, "FutureMap.lend_draft_extend_lens", None, expected="87b029c57ef44e87",
+               kind="edit", edits=_LEND_EDITS),
+        Target(_OVERLAP, "FutureMap.keep_draft_extend_lens", None, expected="e0c27cffa9ca1953",
+               kind="edit", edits=_KEEP_EDITS),
+    ),
+)

@@ -1,0 +1,85 @@
+"""Back-port mirror-relay-lens (opt-in): a decode on a mirrored backend reads its host lengths
+from the relay.
+
+SGLang's real ``FutureMap`` (as patched) on CPU, built as a backend that keeps the host mirror
+builds it (``needs_cpu_seq_lens=True``: FA3 with a tree, FlashInfer). The private-stream copies
+are plain copies, and the mirror's copy is a ``Tensor.cpu`` (the host-sync probe counts it).
+The whole scheduling loop with the switch on is
+``test_overlap_simulation.py::test_spec_v2_overlap_simulation[...-mirror_relay]``. What needs
+CUDA (the private stream, the host's wait for the copy's event) is covered by GPU runs only.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import relay_forward as _forward
+from sim_support import HostSyncProbe
+
+
+@pytest.fixture
+def probe():
+    p = HostSyncProbe().install()
+    yield p
+    p.uninstall()
+
+
+@pytest.fixture
+def mirrored(spec_future_map, monkeypatch):
+    """A mirrored backend's map with the switch on."""
+    monkeypatch.setenv("SGLANG_FUTUREMAP_MIRROR_RELAY", "1")
+    return spec_future_map(needs_cpu_seq_lens=True)
+
+
+def test_the_decode_after_a_prefill_reads_no_lengths_back(mirrored, probe):
+    _forward(mirrored, probe, "EXTEND", [1, 2], [5, 7], lens=[5, 7])
+    # The first decode: both lengths are the prefill's host values.
+    assert _forward(mirrored, probe, "DECODE", [1, 2], [8, 9]) == ([5, 7], False)
+    # A prefill joins: rows 1-2 come from the copy kept after the decode's publish, row 3 from
+    # the prefill's host lengths. The mirror copied the buffer after the *prefill's* publish,
+    # so the host waited for the prefill's target forward.
+    _forward(mirrored, probe, "EXTEND", [3], [4], lens=[4])
+    assert _forward(mirrored, probe, "DECODE", [2, 3, 1], [11, 6, 10]) == ([9, 4, 8], False)
+    # Decodes in a row: each one reads the copy the one before it kept.
+    assert _forward(mirrored, probe, "DECODE", [1, 2, 3], [12, 13, 7]) == ([10, 11, 6], False)
+    assert _forward(mirrored, probe, "DECODE", [3, 1], [9, 14]) == ([7, 12], False)
+
+
+def test_lengths_the_relay_does_not_hold_come_from_the_mirror(mirrored, probe):
+    _forward(mirrored, probe, "EXTEND", [1, 2], [5, 7], lens=[5, 7])
+    _forward(mirrored, probe, "DECODE", [1, 2], [8, 9])
+    # A PD-decode bootstrap publishes outside a forward: the mirror copies, exact lengths.
+    mirrored.publish(torch.tensor([4]), torch.tensor([30]))
+    assert _forward(mirrored, probe, "DECODE", [1, 2, 4], [9, 10, 31]) == ([8, 9, 30], True)
+    # That decode kept its copy: the relay serves again from the next decode on.
+    _forward(mirrored, probe, "EXTEND", [5], [2], lens=[2])
+    assert _forward(mirrored, probe, "DECODE", [1, 2, 4, 5], [10, 11, 32, 3]) == (
+        [9, 10, 31, 2], False)
+
+
+@pytest.mark.parametrize("switch", [None, "0", "yes"])
+def test_without_the_switch_the_mirror_copies_for_every_decode(spec_future_map, probe,
+                                                              monkeypatch, switch):
+    """Unset, or anything but 1: the mirror path as before, and no relay bookkeeping."""
+    if switch is None:
+        monkeypatch.delenv("SGLANG_FUTUREMAP_MIRROR_RELAY", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_FUTUREMAP_MIRROR_RELAY", switch)
+    m = spec_future_map(needs_cpu_seq_lens=True)
+    _forward(m, probe, "EXTEND", [1, 2], [5, 7], lens=[5, 7])
+    assert _forward(m, probe, "DECODE", [1, 2], [8, 9]) == ([5, 7], True)
+    _forward(m, probe, "EXTEND", [3], [4], lens=[4])
+    assert _forward(m, probe, "DECODE", [1, 2, 3], [9, 10, 5]) == ([8, 9, 4], True)
+    assert not hasattr(m, "dx_copies")
+
+
+def test_without_the_mirror_the_switch_changes_nothing(spec_future_map, probe, monkeypatch):
+    """FA3 with a chain (no mirror): back-port 14's relay as before; a graph-size decode gets no
+    host lengths, whatever the switch says."""
+    monkeypatch.setenv("SGLANG_FUTUREMAP_MIRROR_RELAY", "1")
+    m = spec_future_map(needs_cpu_seq_lens=False)
+    _forward(m, probe, "EXTEND", [1, 2], [5, 7], lens=[5, 7])
+    assert _forward(m, probe, "DECODE", [1, 2], [8, 9]) == (None, False)
+    assert _forward(m, probe, "DECODE", [1, 2], [10, 11], asks=False) == (None, False)
+    assert m.dx_copy_of[[1, 2]].tolist() == [-1, -1]  # no copy kept for a decode that asked nothing
