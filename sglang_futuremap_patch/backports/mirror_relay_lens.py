@@ -1,4 +1,4 @@
-"""Back-port 22 (opt-in): a spec-v2 decode on the host mirror reads its lengths from the relay.
+"""Back-port 22: a spec-v2 decode on the host mirror may read its lengths from the relay (opt-in).
 
 Upstream: none (beyond upstream); it extends back-port 21's use of back-port 14's relay from
 eager batches without the mirror to every decode batch of a backend that keeps the mirror.
