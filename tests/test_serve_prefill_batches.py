@@ -339,7 +339,8 @@ def test_strata_compare_both_sides_at_the_same_mix_of_shared_prefills(tmp_path: 
                                         "timeline/patched-boot0/timeline-2.json": {"events": sorted(patched, key=lambda e: e["t"])}})
     assert spb.main(["--strata", "--json", str(rec), str(logs)]) == 0
     rows = {r["concurrency"]: r for r in json.loads(capsys.readouterr().out)["strata"]}
-    assert rows[2]["groups"][0] == {"prefill": "1-3", "requests": [4, 4], "p50_ms": [5.0, 5.0]}
+    assert rows[2]["groups"][0] == {"prefill": "1-3", "requests": [4, 4], "p50_ms": [5.0, 5.0],
+                                    "mean_ms": [5.0, 5.0]}
     assert rows[2]["adjusted_p50_ms"] == [5.0, 5.0] and rows[2]["covered"] == 1.0
     four = rows[4]
     assert [g["requests"] for g in four["groups"]] == [[1, 3], [7, 5], [0, 0], [0, 0]]
@@ -348,6 +349,7 @@ def test_strata_compare_both_sides_at_the_same_mix_of_shared_prefills(tmp_path: 
     assert spb.main(["--strata", str(rec), str(logs)]) == 0
     out = capsys.readouterr().out
     assert "| 4 | 1 / 3: 10.00 -> 9.00 | 7 / 5: 30.00 -> 28.00 | - | - | 25.0 -> 23." in out and "| 100% |" in out
+    assert four["adjusted_mean_ms"] == four["adjusted_p50_ms"]  # no spread within a group here
     # A size only one side has is left out of the comparison, and the share left in is said.
     patched_only = _events(head + [[f"s{i}" for i in range(8)]])
     patched_only += _api(patched_only, {f"s{i}": 28.0 for i in range(8)}, [])
@@ -355,3 +357,25 @@ def test_strata_compare_both_sides_at_the_same_mix_of_shared_prefills(tmp_path: 
                                          "timeline/patched-boot0/timeline-2.json": {"events": sorted(patched_only, key=lambda e: e["t"])}})
     (row,) = [r for r in spb.strata_rows([(json.loads(rec.read_text()), spb.timelines(logs2))]) if r["concurrency"] == 4]
     assert row["adjusted_p50_ms"] == [30.0, 28.0] and row["covered"] == pytest.approx(15 / 16, abs=0.001)
+
+
+def test_strata_also_standardise_the_mean(tmp_path: Path, capsys) -> None:
+    """The same cell with one slow patched request in the 4-8 group (48 ms): its p50 stays 28, its
+    mean is 32, so at equal shared prefills patched reads 23.25 ms at p50 and 26.25 ms as a mean
+    (stock 25.0 for both)."""
+    head = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"]]
+    stock = _events(head + [["s0"], [f"s{i}" for i in range(1, 8)]])
+    patched = _events(head + [["s0", "s1", "s2"], [f"s{i}" for i in range(3, 8)]])
+    stock += _api(stock, {"s0": 10.0, **{f"s{i}": 30.0 for i in range(1, 8)}}, [])
+    patched += _api(patched, {**{f"s{i}": 9.0 for i in range(3)}, **{f"s{i}": 28.0 for i in range(3, 7)},
+                              "s7": 48.0}, [])
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 5.0, "4": 30.0}), ("patched", 0, {"2": 5.0, "4": 28.0})])))
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": sorted(stock, key=lambda e: e["t"])},
+                                        "timeline/patched-boot0/timeline-2.json": {"events": sorted(patched, key=lambda e: e["t"])}})
+    (four,) = [r for r in spb.strata_rows([(json.loads(rec.read_text()), spb.timelines(logs))]) if r["concurrency"] == 4]
+    assert [g["mean_ms"] for g in four["groups"]][:2] == [[10.0, 9.0], [30.0, 32.0]]
+    assert four["adjusted_p50_ms"][1] == pytest.approx(23.2, abs=0.06)
+    assert four["adjusted_mean_ms"] == [25.0, pytest.approx(26.2, abs=0.06)]
+    assert spb.main(["--strata", str(rec), str(logs)]) == 0
+    assert "| 25.0 -> 26.2 (x0.95" in capsys.readouterr().out
