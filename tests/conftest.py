@@ -143,6 +143,37 @@ def relay_batch(slots):
         seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None)
 
 
+def loop_scheduler():
+    """A ``Scheduler`` without ``__init__`` for driving SGLang's real ``event_loop_overlap`` (and
+    ``get_next_batch_to_run``) on CPU: stand-ins for what they read besides the collaborators a
+    test sets itself (receiving requests, building prefills, the running batch, launching,
+    processing results): a single-rank speculative overlap scheduler, nothing running, idle hooks
+    that do nothing, a schedule stream whose barrier does nothing."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    sched = object.__new__(Scheduler)
+    sched.launch_batch_sample_if_needed = lambda result: None
+    sched.on_idle = sched.self_check_during_busy = lambda: None
+    sched._abort_on_waiting_timeout = sched._abort_on_running_timeout = lambda: None
+    sched.maybe_prepare_mlp_sync_batch = lambda batch, need_sync=False: batch
+    sched._maybe_prepare_ngram_embedding = lambda batch: batch
+    sched.dllm_config = sched.chunked_req = None
+    sched.enable_hisparse = sched.enable_fpm = False
+    sched.forward_stream = "forward"
+    sched.schedule_stream = SimpleNamespace(wait_stream=lambda stream: None)
+    sched._engine_paused = False
+    sched.is_generation = sched.enable_overlap = True
+    sched.require_mlp_sync = False
+    sched.spec_algorithm = SimpleNamespace(is_none=lambda: False)
+    sched.tp_size = sched.pp_size = sched.attn_cp_size = 1
+    sched.server_args = SimpleNamespace(enable_dp_attention=False, speculative_skip_dp_mlp_sync=False)
+    sched.recv_skipper = sched.input_blocker = None
+    sched.last_batch = sched.cur_batch = None
+    return sched
+
+
 def relay_forward(fmap, probe, mode, slots, published, lens=None, asks=True):
     """One spec-v2 forward in ``forward_spec_v2_overlap``'s order: resolve (a decode; probed),
     the worker batch, lend, the forward's publish, keep. A graph-size decode's draft extend asks

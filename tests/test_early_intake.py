@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import activate_backport
+from conftest import activate_backport, loop_scheduler
 
 
 class _StopLoop(Exception):
@@ -71,9 +71,7 @@ def _run_loop(decodes, polls, arrivals, **attrs):
     ``arrivals``: what each ``recv_requests`` call returns, in order (the loop stops once they
     run out). Waiting requests become one prefill (``get_new_batch_prefill``). Returns the log of
     receipts, schedule-stream barriers, launches and result processing, and the scheduler."""
-    from sglang.srt.managers.scheduler import Scheduler
-
-    sched = object.__new__(Scheduler)
+    sched = loop_scheduler()
     log: list[str] = []
     todo, answers, waiting = deque(decodes), deque(arrivals), []
 
@@ -108,26 +106,7 @@ def _run_loop(decodes, polls, arrivals, **attrs):
     sched.running_batch = _batch("A", "decode", [_req(False)]) if decodes else _NOTHING_RUNS  # request A runs
     sched.run_batch = run_batch
     sched.process_batch_result = lambda batch, result: log.append(f"process {batch.name}")
-    sched.launch_batch_sample_if_needed = lambda result: None
-    sched.on_idle = lambda: None
-    sched.self_check_during_busy = lambda: None
-    sched._abort_on_waiting_timeout = sched._abort_on_running_timeout = lambda: None
-    sched.maybe_prepare_mlp_sync_batch = lambda batch, need_sync=False: batch
-    sched._maybe_prepare_ngram_embedding = lambda batch: batch
-    sched.dllm_config = sched.chunked_req = None
-    sched.enable_hisparse = sched.enable_fpm = False
-    sched.forward_stream = "forward"
     sched.schedule_stream = SimpleNamespace(wait_stream=lambda stream: log.append(f"barrier behind {stream}"))
-    sched._engine_paused = False
-    sched.is_generation = True
-    sched.require_mlp_sync = False
-    sched.enable_overlap = True
-    sched.spec_algorithm = SimpleNamespace(is_none=lambda: False)
-    sched.tp_size = sched.pp_size = sched.attn_cp_size = 1
-    sched.server_args = SimpleNamespace(enable_dp_attention=False, speculative_skip_dp_mlp_sync=False)
-    sched.recv_skipper = sched.input_blocker = None
-    sched.last_batch = None
-    sched.cur_batch = None
     for name, value in attrs.items():
         setattr(sched, name, value)
     with pytest.raises(_StopLoop):

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import activate_backport
+from conftest import activate_backport, loop_scheduler
 
 
 class _StopLoop(Exception):
@@ -49,9 +49,7 @@ def _run_loop(batches, done, *, mlp_sync: bool = False):
     """Drive the real overlap loop over ``batches`` (one per iteration; None: idle) and return
     the order of launches and result processing. ``done[name]``: whether that batch's result
     has finished on the GPU when the loop looks at it."""
-    from sglang.srt.managers.scheduler import Scheduler
-
-    sched = object.__new__(Scheduler)
+    sched = loop_scheduler()
     log: list[str] = []
     todo = deque(batches)
 
@@ -75,14 +73,7 @@ def _run_loop(batches, done, *, mlp_sync: bool = False):
     sched.get_next_batch_to_run = get_next_batch_to_run
     sched.run_batch = run_batch
     sched.process_batch_result = process_batch_result
-    sched.launch_batch_sample_if_needed = lambda result: None
-    sched.on_idle = lambda: None
-    sched.self_check_during_busy = lambda: None
-    sched._engine_paused = False
-    sched.is_generation = True
     sched.require_mlp_sync = mlp_sync
-    sched.last_batch = None
-    sched.cur_batch = None
     with pytest.raises(_StopLoop):
         sched.event_loop_overlap()
     return log
@@ -211,9 +202,7 @@ def _run_from_idle(prompt_tokens: int, done: bool) -> list[str]:
     batch and turn that same object into the decode. Returns the launches and result processing
     (the prefill ``P``, then decodes ``D1``, ``D2``); ``done``: whether the prefill's
     ``copy_done`` has completed when the loop asks."""
-    from sglang.srt.managers.scheduler import Scheduler
-
-    sched = object.__new__(Scheduler)
+    sched = loop_scheduler()
     log: list[str] = []
     answers, waiting = deque([["A"], [], [], []]), []
 
@@ -240,24 +229,9 @@ def _run_from_idle(prompt_tokens: int, done: bool) -> list[str]:
     sched.running_batch = _Batch("-", [])
     sched.run_batch = run_batch
     sched.process_batch_result = lambda batch, result: log.append(f"process {batch.name}")
-    sched.launch_batch_sample_if_needed = lambda result: None
-    sched.on_idle = sched.self_check_during_busy = lambda: None
-    sched._abort_on_waiting_timeout = sched._abort_on_running_timeout = lambda: None
-    sched.maybe_prepare_mlp_sync_batch = lambda batch, need_sync=False: batch
-    sched._maybe_prepare_ngram_embedding = lambda batch: batch
-    sched.dllm_config = sched.chunked_req = None
-    sched.enable_hisparse = sched.enable_fpm = sched.enable_hierarchical_cache = False
+    # What SGLang's real update_running_batch reads besides the batch.
+    sched.enable_hierarchical_cache = False
     sched.new_token_ratio, sched.new_token_ratio_decay, sched.min_new_token_ratio = 0.7, 0.001, 0.1
-    sched.forward_stream = "forward"
-    sched.schedule_stream = SimpleNamespace(wait_stream=lambda stream: None)
-    sched._engine_paused = False
-    sched.is_generation = sched.enable_overlap = True
-    sched.require_mlp_sync = False
-    sched.spec_algorithm = SimpleNamespace(is_none=lambda: False)
-    sched.tp_size = sched.pp_size = sched.attn_cp_size = 1
-    sched.server_args = SimpleNamespace(enable_dp_attention=False, speculative_skip_dp_mlp_sync=False)
-    sched.recv_skipper = sched.input_blocker = None
-    sched.last_batch = sched.cur_batch = None
     with pytest.raises(_StopLoop):
         sched.event_loop_overlap()
     assert sched.running_batch.reqs and sched.running_batch.decodes == 3  # one object throughout
