@@ -24,9 +24,9 @@ overlapped a stall (``stall_rows`` defines each figure); medians over boots, sto
 
 ``--strata`` prints instead, per concurrency, the API server's TTFT (received -> first output)
 of every measured request of every boot, grouped by how many requests shared its prefill
-(``PREFILL_BUCKETS``): p50 per group and side, and both sides' p50 weighted by the groups'
-pooled counts, the same weights for both (``strata_rows`` defines it): stock -> patched at equal
-shared prefills, request by request, where ``fit`` compares whole cells.
+(``PREFILL_BUCKETS``): p50 per group and side, and both sides' p50 and mean weighted by the
+groups' pooled counts, the same weights for both (``strata_rows`` defines it): stock -> patched at
+equal shared prefills, request by request, where ``fit`` compares whole cells.
 
 ``--launches`` prints instead, per concurrency and variant over the same cells (measured
 requests only), how long ``run_batch`` holds the scheduler thread: steady decode launches and
