@@ -174,6 +174,16 @@ def loop_scheduler():
     return sched
 
 
+@pytest.fixture
+def probe():
+    """The host-sync probe (``sim_support.HostSyncProbe``) installed for one test: what
+    ``relay_forward`` arms around ``resolve_seq_lens_cpu``."""
+    from sim_support import HostSyncProbe
+
+    p = HostSyncProbe().install()
+    yield p
+    p.uninstall()
+
 def relay_forward(fmap, probe, mode, slots, published, lens=None, asks=True):
     """One spec-v2 forward in ``forward_spec_v2_overlap``'s order: resolve (a decode; probed),
     the worker batch, lend, the forward's publish, keep. A graph-size decode's draft extend asks

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from conftest import relay_forward as _forward
-from sim_support import HostSyncProbe
 
 EAGER_ABOVE = 2  # batches of 3 or more requests run eagerly
 
@@ -24,13 +23,6 @@ def fmap(spec_future_map):
     m = spec_future_map(needs_cpu_seq_lens=False)
     m.eager_mirror_above_bs = EAGER_ABOVE
     return m
-
-
-@pytest.fixture
-def probe():
-    p = HostSyncProbe().install()
-    yield p
-    p.uninstall()
 
 
 def test_the_eager_decode_after_a_prefill_reads_no_lengths_back(fmap, probe):

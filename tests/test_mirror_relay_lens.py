@@ -15,14 +15,6 @@ import pytest
 import torch
 
 from conftest import relay_forward as _forward
-from sim_support import HostSyncProbe
-
-
-@pytest.fixture
-def probe():
-    p = HostSyncProbe().install()
-    yield p
-    p.uninstall()
 
 
 @pytest.fixture
