@@ -72,7 +72,11 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          # back-port 20 off: FlashInfer's own device-sum read-back, beside patched
          "patched-no-fi-host-sum": ("strict", {"SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM": "0"}),
          # back-port 22's opt-in on: a mirrored backend's decodes read host lengths from the relay
-         "patched-mirror-relay": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "1"})}
+         "patched-mirror-relay": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "1"}),
+         # both opt-ins on: back-port 22's relay for the wait after a prefill, back-port 16's order
+         # for the decode launched before an idle server's prefill result
+         "patched-relay-prefill-first": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "1",
+                                                    "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"})}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
 MODE_NOTES = {
     "patched-prefill-first": "the plugin with back-port 16's opt-in on: a small or finished prefill's result "
@@ -92,6 +96,8 @@ MODE_NOTES = {
                               "FlashInfer's own device-sum read-back",
     "patched-mirror-relay": "the plugin with back-port 22's opt-in on (SGLANG_FUTUREMAP_MIRROR_RELAY=1): on a "
                             "backend that keeps the host mirror, a decode reads its host lengths from the relay",
+    "patched-relay-prefill-first": "the plugin with back-ports 22 and 16's opt-ins both on: host lengths from the "
+                                   "relay, and a small or finished prefill's result processed before the next launch",
 }
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")

@@ -139,7 +139,8 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
     assert prefill_result_first.PREFILL_RESULT_FIRST_ENV in env
     assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war", "patched-mla-mirror",
                                    "patched-early-intake", "patched-fi-host-sum", "patched-no-early-intake",
-                                   "patched-no-fi-host-sum", "patched-mirror-relay"}
+                                   "patched-no-fi-host-sum", "patched-mirror-relay",
+                                   "patched-relay-prefill-first"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -900,6 +901,12 @@ def test_mirror_relay_variant_switches_back_port_22_on() -> None:
     mode, env = sb.MODES["patched-mirror-relay"]
     assert mode == "strict" and env == {mirror_relay_lens.MIRROR_RELAY_ENV: "1"}
     assert "back-port 22" in sb.MODE_NOTES["patched-mirror-relay"]
+    from sglang_futuremap_patch.backports import prefill_result_first
+
+    mode, env = sb.MODES["patched-relay-prefill-first"]
+    assert mode == "strict" and env == {mirror_relay_lens.MIRROR_RELAY_ENV: "1",
+                                        prefill_result_first.PREFILL_RESULT_FIRST_ENV: "1"}
+    assert "back-ports 22 and 16" in sb.MODE_NOTES["patched-relay-prefill-first"]
 
 
 # ----------------------------------------------------------------------------- DeepSeek MTP (MLA)
