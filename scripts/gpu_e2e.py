@@ -276,7 +276,8 @@ def all_cases() -> list[Case]:
     cases.append(Case("fihost-standalone-flashinfer-graph-pcg", "STANDALONE", "flashinfer", True, True, "matrix",
                       env=fihost))
     return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + mla_cases()
-            + tree_cases() + tree_v2_cases() + tree_v2_det_cases() + mirror_relay_cases())
+            + tree_cases() + tree_v2_cases() + tree_v2_det_cases() + mirror_relay_cases()
+            + released_row_cases())
 
 
 #: The profiles that run the soak workload (GPU memory sampled, checked flat).
@@ -525,6 +526,22 @@ def mirror_relay_cases() -> list[Case]:
     return cases
 
 
+def released_row_cases() -> list[Case]:
+    """Decodes launched after the last result was processed, so that requests it finished are
+    released yet still rows of the decode (the ``grammar`` profile): SGLang's own grammar sync
+    on spec v2, on the default configuration (FA3 + PCG, no mirror), FlashInfer (the mirror) and
+    Triton; and back-port 16's opt-in (``pfirst-*``), alone and with back-port 22's. Token for
+    token against stock (which ignores both switches)."""
+    tok = (("skip_tokenizer_init", False),)
+    pfirst = (("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "1"),)
+    return [Case("grammar-eagle3-default", "EAGLE3", "default", True, True, "grammar", tok),
+            Case("grammar-standalone-flashinfer-graph-pcg", "STANDALONE", "flashinfer", True, True, "grammar", tok),
+            Case("grammar-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "grammar", tok),
+            Case("pfirst-eagle3-default", "EAGLE3", "default", True, True, "grammar", tok, env=pfirst),
+            Case("pfirst-standalone-flashinfer-graph-pcg", "STANDALONE", "flashinfer", True, True, "grammar", tok,
+                 env=pfirst + (("SGLANG_FUTUREMAP_MIRROR_RELAY", "1"),))]
+
+
 #: Named case sets (``--group``): fnmatch patterns over case names.
 GROUPS: dict[str, tuple[str, ...]] = {
     "base": ("eagle3-*", "standalone-*", "retract-*", "soak-*", "text-*", "tp2-eagle3-*", "tp2-standalone-*",
@@ -542,6 +559,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "intake": ("intake-*",),
     "fihost": ("fihost-*",),
     "mrelay": ("mrelay-*",),
+    "released": ("grammar-*", "pfirst-*"),
 }
 
 
@@ -704,6 +722,22 @@ def scenarios(profile: str, vocab: int, seed: int = 20261122, soak_requests: int
         out.append(seeded("seeded_bs7", [5, 17, 40, 77, 128, 211, 300], [64] * 7))
         churn_len = [rng.randrange(4, 500) for _ in range(72)]
         out.append(seeded("seeded_churn", churn_len, [rng.randrange(8, 121) for _ in churn_len]))
+    elif profile == "grammar":
+        # Requests under a grammar that admits any text (so the tokens are the unconstrained
+        # greedy ones): before launching a spec-v2 decode that holds one, SGLang processes the
+        # last result, and requests it finishes are released while still rows of that decode.
+        # Mixed with plain requests, finishing at different steps, some at their prefill
+        # (max_new_tokens 1); then 1-token requests alone at an idle engine (back-port 16's case).
+        lengths = [rng.randrange(4, 300) for _ in range(40)]
+        sc = batch("grammar_mixed", lengths, [1 if i % 8 == 0 else rng.randrange(2, 64) for i in range(40)])
+        for i, params in enumerate(sc["sampling_params"]):
+            if i % 2 == 0:
+                params["regex"] = ANY_TEXT_REGEX
+        out.append(sc)
+        out.append(batch("grammar_all", [rng.randrange(4, 200) for _ in range(16)],
+                         [rng.randrange(1, 48) for _ in range(16)], regex=ANY_TEXT_REGEX))
+        out.append(batch("one_token_idle", [23], [1]))
+        out.append(batch("one_token_mixed", [12, 40, 7, 90], [1, 24, 1, 16]))
     elif profile in ("tree", "tree-radix", "tree-eos", "eos-ties"):
         # The matrix (radix, eos) workload, same prompts, every request with its top logprobs:
         # where spec v1 and spec v2 part, the margins at the first differing token say whether
@@ -724,6 +758,8 @@ def _with_top_logprobs(out: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: The ``grammar`` profile's constraint: any text at all (xgrammar compiles it; no token is masked).
+ANY_TEXT_REGEX = "[\\s\\S]*"
 #: Top logprobs per position in the ``tree`` profile: enough to find the other run's token at
 #: the first differing position (bf16 logits of the tiny models tie three ways at times).
 TREE_TOP_LOGPROBS = 5

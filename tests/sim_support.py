@@ -297,7 +297,10 @@ class ContractWorker:
         bs = len(rids)
         is_extend = mwb.forward_mode.is_extend()
         before = self._check_lengths(mwb, rids)
-        assert all(r.req_pool_idx == i for i, r in zip(mwb.req_pool_indices.tolist(), mwb.reqs))
+        # A request released by a result processed before this launch (SGLang's grammar sync,
+        # back-port 16) keeps its row, and its slot number only on the device.
+        assert all(r.req_pool_idx == i or (r.req_pool_idx is None and r.finished())
+                   for i, r in zip(mwb.req_pool_indices.tolist(), mwb.reqs))
 
         if is_extend:
             assert mwb.spec_info is None, "a prefill has nothing relayed"

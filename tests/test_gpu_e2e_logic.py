@@ -92,6 +92,35 @@ def test_mrelay_group_runs_back_port_22_on_mirrored_backends() -> None:
     assert [c.needs_fa3 for c in cases] == [False, False, True, True]
 
 
+def test_released_group_launches_decodes_holding_released_requests() -> None:
+    """The ``released`` group: grammar requests (SGLang processes the last result before each
+    such spec-v2 decode), on the default configuration, FlashInfer and Triton, and back-port 16's
+    opt-in, which does the same after a small prefill; the tokenizer is on (grammars need it)."""
+    from sglang_futuremap_patch.backports import mirror_relay_lens, prefill_result_first
+
+    cases = e2e.select_cases(None, groups=["released"])
+    assert [(c.name, c.backend, c.profile) for c in cases] == [
+        ("grammar-eagle3-default", "default", "grammar"),
+        ("grammar-standalone-flashinfer-graph-pcg", "flashinfer", "grammar"),
+        ("grammar-eagle3-triton-graph-nopcg", "triton", "grammar"),
+        ("pfirst-eagle3-default", "default", "grammar"),
+        ("pfirst-standalone-flashinfer-graph-pcg", "flashinfer", "grammar")]
+    assert all(dict(c.extra)["skip_tokenizer_init"] is False for c in cases)
+    assert [dict(c.env) for c in cases] == [{}, {}, {}, {prefill_result_first.PREFILL_RESULT_FIRST_ENV: "1"},
+                                            {prefill_result_first.PREFILL_RESULT_FIRST_ENV: "1",
+                                             mirror_relay_lens.MIRROR_RELAY_ENV: "1"}]
+    scs = {sc["name"]: sc for sc in e2e.scenarios("grammar", 1000)}
+    mixed = scs["grammar_mixed"]["sampling_params"]
+    # Half under the grammar, some finishing at their prefill, the rest at different steps.
+    assert sum("regex" in p for p in mixed) == 20 and sum(p["max_new_tokens"] == 1 for p in mixed) == 5
+    assert len({p["max_new_tokens"] for p in mixed}) > 10
+    assert all(p["regex"] == e2e.ANY_TEXT_REGEX for p in scs["grammar_all"]["sampling_params"])
+    assert scs["one_token_idle"]["sampling_params"] == [e2e._greedy(1)]
+    import re
+
+    assert re.fullmatch(e2e.ANY_TEXT_REGEX, "w5 w7\n w9") is not None
+
+
 def test_groups_split_the_suite_and_the_fa3_set_covers_what_was_asked() -> None:
     base, fa3 = e2e.select_cases(None, groups=["base"]), e2e.select_cases(None, groups=["fa3"])
     every = {c.name for c in e2e.select_cases(None, groups=sorted(e2e.GROUPS))}
@@ -1254,7 +1283,7 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
     assert {c.backend for c in e2e.tree_v2_cases()} >= {"flashinfer", "fa3", "triton", "default"}
     assert not any(c.env for c in e2e.all_cases()
                    if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-", "intake-", "fihost-",
-                                             "mrelay-")))
+                                             "mrelay-", "pfirst-")))
     seen: dict[str, dict[str, str]] = {}
 
     def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):

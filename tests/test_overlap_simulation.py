@@ -197,7 +197,7 @@ class Simulation:
         self.stats = dict(prefill=0, decode=0, filtered=0, merged=0, slot_reuse=0,
                           slot_shared_in_batch=0, decode_after_prefill=0,
                           decode_after_prefill_mixed=0, eager=0, eager_after_eager=0,
-                          eager_after_prefill_mixed=0)
+                          eager_after_prefill_mixed=0, released_before_launch=0)
         self._prev_extend = None  # the requests of the last batch launched, if a prefill
         self._prev_eager = False  # whether the last batch launched ran eagerly
         self._slots_seen: dict[int, str] = {}
@@ -359,10 +359,23 @@ class Simulation:
                 self.finished.append(req.rid)
 
     # -- the loop
-    def run(self):
+    def run(self, process_first=False):
+        """``process_first``: before launching a decode, process the last result first, as
+        SGLang's loop does when ``is_disable_overlap_for_batch`` says so (a decode with a
+        grammar on spec v2, back-port 16's finished or small prefill). Requests that result
+        finishes are then released (their ``req_pool_idx`` is None) but still rows of the
+        decode launched next, which was built before."""
         fm = self.sched.future_map
         for it in range(MAX_ITERS):
             batch = self.next_batch(it)
+            processed = False
+            if (process_first and batch is not None and batch.forward_mode.is_decode()
+                    and self.result_queue):
+                released = {r.rid for r in batch.reqs if not r.finished()}
+                self.process(*self.result_queue.pop(0))
+                processed = True
+                released = [r for r in batch.reqs if r.rid in released and r.finished()]
+                self.stats["released_before_launch"] += bool(released)
             if batch is not None:
                 rids = [r.rid for r in batch.reqs]
                 expected = [self.truth[r] for r in rids]
@@ -398,7 +411,7 @@ class Simulation:
                 self._prev_eager = eager
                 self._prev_extend = set(rids) if batch.forward_mode.is_extend() else None
                 self.result_queue.append((batch.copy(), result))
-            if self.last_batch is not None:
+            if self.last_batch is not None and not processed:
                 self.process(*self.result_queue.pop(0))
             self.last_batch = batch
             if (batch is None and not self.result_queue and not self.waiting
@@ -555,3 +568,24 @@ def test_a_request_left_out_of_the_last_prefill_leaves_the_sum_to_the_relay(rig)
 
     sim.sched.future_map.resolve_seq_lens_cpu(running)
     assert running.seq_lens_sum == 16 and running.seq_lens_cpu.tolist() == [5, 7, 4]
+
+
+@pytest.mark.parametrize("config", ["mirror", "mirror_relay", "fa3_pcg", "fa3_pcg_eager", "no_mirror"])
+def test_a_request_released_before_its_decode_is_launched(rig, config, monkeypatch):
+    """SGLang processes the last result before launching a decode when
+    ``is_disable_overlap_for_batch`` says so: a spec-v2 decode with a grammar (stock), or
+    back-port 16's finished or small prefill. A request that result finishes is released
+    (``req_pool_idx`` None) yet stays a row of the decode built before it, and the host
+    lengths must still be exact for every row (stock reads them from the device). The
+    scenario's r-11 finishes at its prefill and others at their length, so both kinds of
+    result do it here."""
+    rig.use("EAGLE3")
+    if config == "mirror_relay":
+        monkeypatch.setenv("SGLANG_FUTUREMAP_MIRROR_RELAY", "1")
+    else:
+        monkeypatch.delenv("SGLANG_FUTUREMAP_MIRROR_RELAY", raising=False)
+    sim = Simulation("EAGLE3", ContractWorker, rig.probe, config).run(process_first=True)
+    _all_done(sim)
+    assert sim.stats["released_before_launch"] >= 3, sim.stats
+    if config == "fa3_pcg":
+        assert sim.worker.draft_extend_sources == ["relay"] * sim.stats["decode"]

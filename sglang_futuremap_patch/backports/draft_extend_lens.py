@@ -83,9 +83,7 @@ def lend_draft_extend_lens(self, batch, model_worker_batch):
         self.dx_copy_of[:] = -1
     if not batch.reqs:
         return
-    slots = np.fromiter(
-        (req.req_pool_idx for req in batch.reqs), dtype=np.int64, count=len(batch.reqs)
-    )
+    slots = self.batch_pool_slots(batch).numpy()
     mode = batch.forward_mode
     if mode.is_extend():
         # A prefill publishes the lengths it was built with, on the host here.
@@ -129,9 +127,7 @@ def keep_draft_extend_lens(self, batch, model_worker_batch):
     if self.needs_cpu_seq_lens or not hasattr(self, "dx_copies"):
         return
     if batch.forward_mode.is_decode() and batch.reqs:
-        slots = np.fromiter(
-            (req.req_pool_idx for req in batch.reqs), dtype=np.int64, count=len(batch.reqs)
-        )
+        slots = self.batch_pool_slots(batch).numpy()
         self.dx_host_known[slots] = False
         if getattr(model_worker_batch, "seq_lens_cpu_pending", None) is None:
             self.dx_copy_of[slots] = -1  # its draft extend asked for nothing: no copy

@@ -143,7 +143,7 @@ BACKPORT = Backport(
         Target(_OVERLAP, "FutureMap.mirrors_eager_batch", mirrors_eager_batch, expected=ABSENT),
         Target(_OVERLAP, "FutureMap.init_spec_relay", None, expected="31ae4c134893cdf9", kind="edit",
                edits=_INIT_RELAY_EDITS),
-        Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", None, expected="02ebe431a5fe021b", kind="edit",
+        Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", None, expected="87c08e019de244c3", kind="edit",
                edits=_RESOLVE_EDITS),
         Target(_SCHEDULER, "Scheduler.init_overlap", None, expected="a825d4f7212c9ff8", kind="edit",
                edits=_INIT_OVERLAP_EDITS),

@@ -52,9 +52,7 @@ def relayed_eager_seq_lens(self, batch):
         return None
     if self.dx_publish_count != self.publish_count:
         return None  # lengths published outside a forward seen by the relay (PD bootstrap)
-    slots = np.fromiter(
-        (req.req_pool_idx for req in batch.reqs), dtype=np.int64, count=len(batch.reqs)
-    )
+    slots = self.batch_pool_slots(batch).numpy()
     from_host = self.dx_host_known[slots]
     copy_id = self.dx_copy_id
     covered = from_host if copy_id < 0 else from_host | (self.dx_copy_of[slots] == copy_id)
@@ -121,9 +119,9 @@ BACKPORT = Backport(
     targets=(
         Target(_OVERLAP, "FutureMap.relayed_eager_seq_lens", relayed_eager_seq_lens,
                expected=ABSENT),
-        Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", None, expected="c11a52e8ad7fa59e",
+        Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", None, expected="70f0f9a9bb5e1d9e",
                kind="edit", edits=_RESOLVE_EDITS),
-        Target(_OVERLAP, "FutureMap.keep_draft_extend_lens", None, expected="8c8bfb93b9612887",
+        Target(_OVERLAP, "FutureMap.keep_draft_extend_lens", None, expected="b302bf7558071abf",
                kind="edit", edits=_KEEP_EDITS),
     ),
 )

@@ -127,11 +127,11 @@ BACKPORT = Backport(
     targets=(
         Target(_OVERLAP, "os", os, expected=ABSENT, kind="value", import_line="import os"),
         Target(_OVERLAP, "FutureMap.relays_host_lens", relays_host_lens, expected=ABSENT),
-        Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", None, expected="4f79f709274079db",
+        Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", None, expected="0c14d3d88a3b689b",
                kind="edit", edits=_RESOLVE_EDITS),
-        Target(_OVERLAP, "FutureMap.lend_draft_extend_lens", None, expected="87b029c57ef44e87",
+        Target(_OVERLAP, "FutureMap.lend_draft_extend_lens", None, expected="7f822d15dca80de7",
                kind="edit", edits=_LEND_EDITS),
-        Target(_OVERLAP, "FutureMap.keep_draft_extend_lens", None, expected="e0c27cffa9ca1953",
+        Target(_OVERLAP, "FutureMap.keep_draft_extend_lens", None, expected="277ddccab696c047",
                kind="edit", edits=_KEEP_EDITS),
     ),
 )

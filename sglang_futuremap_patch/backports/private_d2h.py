@@ -17,13 +17,39 @@ gain described above.)
 
 How: ``init_spec_relay`` allocates the pinned buffer and the stream when the mirror is needed
 and the relay lives on CUDA; ``resolve_seq_lens_cpu`` picks the batch's rows from the host copy
-by each request's pool slot, which the host already knows. Without CUDA, or before the first
-publish, it falls back to the plain ``.cpu()``.
+by each request's pool slot, which the host already knows (``FutureMap.batch_pool_slots``).
+Without CUDA, or before the first publish, it falls back to the plain ``.cpu()``.
+
+Upstream keeps the slots on the host beside the batch (``ScheduleBatch.req_pool_indices_cpu``,
+0.5.13), which 0.5.12.x lacks; the requests carry them too, except one released after the batch
+was built: SGLang processes the last result before launching a spec-v2 decode with a grammar
+(``is_disable_overlap_for_batch``), and so does back-port 16, and a request that result finishes
+is freed (``req_pool_idx`` None) while it is still a row of that decode. For such a batch
+``batch_pool_slots`` reads the batch's device indices back instead, what stock's ``.cpu()`` of the
+lengths costs every iteration.
 """
 
 from __future__ import annotations
 
-from sglang_futuremap_patch._engine import Backport, Target, TextEdit
+import torch
+
+from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
+
+
+def batch_pool_slots(self, batch):
+    """The request-pool slot of each row of ``batch``: a CPU int64 tensor.
+
+    From the requests, with no device read, unless one of them was released after the batch
+    was built (a result processed before this launch finished it: SGLang's grammar sync on
+    spec v2, back-port 16). That request is still a row of the batch, but only the device
+    indices keep its slot, so they are read back. Its slot is not handed out again before the
+    launch: new requests get slots only when the next batch is built.
+    """
+    slots = [req.req_pool_idx for req in batch.reqs]
+    if None in slots:
+        return batch.req_pool_indices.cpu()
+    return torch.tensor(slots, dtype=torch.int64)
+
 
 #: ``FutureMap.init_spec_relay`` (as back-port 4 leaves it): the pinned buffer and the stream.
 _INIT_RELAY_EDITS = (
@@ -71,8 +97,7 @@ _RESOLVE_EDITS = (
         self.new_seq_lens_cpu_pinned.copy_(self.new_seq_lens_buf, non_blocking=True)
     stream.synchronize()
     # The rows of the batch are its requests' pool slots, known on the host.
-    slots = torch.tensor([req.req_pool_idx for req in batch.reqs], dtype=torch.int64)
-    batch.seq_lens_cpu = self.new_seq_lens_cpu_pinned[slots]
+    batch.seq_lens_cpu = self.new_seq_lens_cpu_pinned[self.batch_pool_slots(batch)]
     batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 """,
     ),
@@ -88,6 +113,7 @@ BACKPORT = Backport(
     patch_file="0005-Spec-Copy-the-spec-v2-seq_lens-mirror-on-a-private-stream.patch",
     summary="seq_lens_cpu D2H on a private stream gated on publish_ready, into a pinned buffer",
     targets=(
+        Target(_OVERLAP, "FutureMap.batch_pool_slots", batch_pool_slots, expected=ABSENT),
         # Edits of the relay as back-ports 2 and 4 leave it (fingerprints of that).
         Target(_OVERLAP, "FutureMap.init_spec_relay", None, expected="67c0868d899de19b",
                kind="edit", edits=_INIT_RELAY_EDITS),
