@@ -532,7 +532,7 @@ def released_row_cases() -> list[Case]:
     on spec v2, on the default configuration (FA3 + PCG, no mirror), FlashInfer (the mirror) and
     Triton; and back-port 16's opt-in (``pfirst-*``), alone and with back-port 22's. Token for
     token against stock (which ignores both switches)."""
-    tok = (("skip_tokenizer_init", False),)
+    tok = (("skip_tokenizer_init", False), ("grammar_backend", "xgrammar"))
     pfirst = (("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "1"),)
     return [Case("grammar-eagle3-default", "EAGLE3", "default", True, True, "grammar", tok),
             Case("grammar-standalone-flashinfer-graph-pcg", "STANDALONE", "flashinfer", True, True, "grammar", tok),

@@ -105,7 +105,8 @@ def test_released_group_launches_decodes_holding_released_requests() -> None:
         ("grammar-eagle3-triton-graph-nopcg", "triton", "grammar"),
         ("pfirst-eagle3-default", "default", "grammar"),
         ("pfirst-standalone-flashinfer-graph-pcg", "flashinfer", "grammar")]
-    assert all(dict(c.extra)["skip_tokenizer_init"] is False for c in cases)
+    assert all(dict(c.extra)["skip_tokenizer_init"] is False and dict(c.extra)["grammar_backend"] == "xgrammar"
+               for c in cases)
     assert [dict(c.env) for c in cases] == [{}, {}, {}, {prefill_result_first.PREFILL_RESULT_FIRST_ENV: "1"},
                                             {prefill_result_first.PREFILL_RESULT_FIRST_ENV: "1",
                                              mirror_relay_lens.MIRROR_RELAY_ENV: "1"}]
