@@ -451,8 +451,10 @@ def stall_table(rows: list[dict[str, Any]]) -> str:
 # ----------------------------------------------------------------------------- --strata
 
 
-def strata_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
-    """One row per concurrency, over every measured request of every boot of both sides (of every
+def strata_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]],
+                variant: str = "patched") -> list[dict[str, Any]]:
+    """One row per concurrency, over every measured request of every boot of stock and ``variant``
+    (``patched`` unless another variant of the record is named; of every
     record and its timelines in ``pairs``) that has
     the API server's timestamps and a prefill in the timeline: per ``PREFILL_BUCKETS`` group (the
     size of the prefill the request was launched in) the requests and the API server's TTFT p50
@@ -476,7 +478,7 @@ def strata_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
     for c in sorted({k[0] for k in ttft}):
         groups = []
         for *_, label in PREFILL_BUCKETS:
-            st, pa = ttft.get((c, "stock", label), []), ttft.get((c, "patched", label), [])
+            st, pa = ttft.get((c, "stock", label), []), ttft.get((c, variant, label), [])
             groups.append({"prefill": label, "requests": [len(st), len(pa)],
                            "p50_ms": [round(records.quantile(x, 0.5), 1) if x else None for x in (st, pa)],
                            "mean_ms": [round(statistics.fmean(x), 1) if x else None for x in (st, pa)]})
@@ -487,7 +489,7 @@ def strata_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
         weight = sum(sum(g["requests"]) for g in both)
         adjusted = {key: [round(sum(sum(g["requests"]) * g[key][i] for g in both) / weight, 1) for i in (0, 1)]
                     for key in ("p50_ms", "mean_ms")}
-        rows.append({"concurrency": c, "groups": groups, "adjusted_p50_ms": adjusted["p50_ms"],
+        rows.append({"concurrency": c, "variant": variant, "groups": groups, "adjusted_p50_ms": adjusted["p50_ms"],
                      "adjusted_mean_ms": adjusted["mean_ms"], "covered": round(weight / total, 3)})
     return rows
 
@@ -495,7 +497,8 @@ def strata_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
 def strata_table(rows: list[dict[str, Any]]) -> str:
     labels = [lab for *_, lab in PREFILL_BUCKETS]
     lines = ["| conc | " + " | ".join(f"prefill of {lab}: requests, API TTFT p50 ms" for lab in labels)
-             + " | at equal shared prefills: stock -> patched (x) | the same for the mean "
+             + f" | at equal shared prefills: stock -> {rows[0]['variant'] if rows else 'patched'} (x) "
+             "| the same for the mean "
              "| requests in groups both sides have |",
              "|---|" + "---|" * len(labels) + "---|---|---|"]
     for r in rows:
@@ -557,7 +560,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: the API server's event-loop stalls per cell, and TTFT with and without the requests they hit")
     p.add_argument("--strata", action="store_true",
                    help="instead: the API server's TTFT per request by the size of its shared prefill, both sides at equal sizes")
+    p.add_argument("--variant", default="patched",
+                   help="with --strata: the variant set beside stock (default patched; e.g. patched-mirror-relay)")
     args = p.parse_args(argv)
+    if args.variant != "patched" and not args.strata:
+        print("serve_prefill_batches: --variant goes with --strata", file=sys.stderr)
+        return 2
     if args.launches + args.stalls + args.strata > 1:
         print("serve_prefill_batches: one of --launches, --stalls, --strata", file=sys.stderr)
         return 2
@@ -575,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.stalls:
         rows = [row for _, record, by_run in pairs for row in stall_rows(record, by_run)]
     elif args.strata:
-        rows = strata_rows([(record, by_run) for _, record, by_run in pairs])
+        rows = strata_rows([(record, by_run) for _, record, by_run in pairs], args.variant)
     else:
         rows = [row for _, record, by_run in pairs for row in prefill_batch_sizes(record, by_run)]
     if not rows:

@@ -80,3 +80,23 @@ def test_no_mirror_means_no_copy_at_all(fmap):
     fmap.resolve_seq_lens_cpu(batch)
     assert log == [] and batch.seq_lens_cpu is None and batch.seq_lens_sum is None
     assert batch.seq_lens.tolist() == [44]
+
+
+def test_a_released_request_keeps_its_row_through_the_batch_indices(fmap):
+    """A request freed after its batch was built (its result processed before this launch:
+    SGLang's grammar sync on spec v2, back-port 16) has ``req_pool_idx`` None but is still a row:
+    the rows come from the batch's own indices then, and stay exact."""
+    log: list = []
+    fmap.seq_lens_d2h_stream = RecordingStream(log)
+    fmap.new_seq_lens_cpu_pinned = torch.full((8,), -1, dtype=torch.int64)
+    fmap.publish(torch.tensor([2, 5, 7]), torch.tensor([20, 50, 70]))
+    batch = relay_batch([7, 2, 5])
+    batch.req_pool_indices = torch.tensor([7, 2, 5])
+    batch.reqs[1].req_pool_idx = None  # released
+    fmap.resolve_seq_lens_cpu(batch)
+    assert batch.seq_lens_cpu.tolist() == [70, 20, 50] and batch.seq_lens_sum == 140
+    assert fmap.batch_pool_slots(batch).tolist() == [7, 2, 5]
+    # Otherwise the requests say it, and the device indices are not read.
+    batch.reqs[1].req_pool_idx = 2
+    batch.req_pool_indices = None
+    assert fmap.batch_pool_slots(batch).tolist() == [7, 2, 5]

@@ -379,3 +379,25 @@ def test_strata_also_standardise_the_mean(tmp_path: Path, capsys) -> None:
     assert four["adjusted_mean_ms"] == [25.0, pytest.approx(26.2, abs=0.06)]
     assert spb.main(["--strata", str(rec), str(logs)]) == 0
     assert "| 25.0 -> 26.2 (x0.95" in capsys.readouterr().out
+
+
+def test_strata_set_another_variant_beside_stock(tmp_path: Path, capsys) -> None:
+    """``--variant``: the same standardisation against another variant of the record (here the
+    patched run's requests relabelled as ``patched-x``; a plain ``patched`` is then absent)."""
+    head = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"]]
+    stock = _events(head + [["s0"], [f"s{i}" for i in range(1, 8)]])
+    other = _events(head + [["s0", "s1", "s2"], [f"s{i}" for i in range(3, 8)]])
+    stock += _api(stock, {"s0": 10.0, **{f"s{i}": 30.0 for i in range(1, 8)}}, [])
+    other += _api(other, {**{f"s{i}": 9.0 for i in range(3)}, **{f"s{i}": 28.0 for i in range(3, 8)}}, [])
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 5.0, "4": 30.0}), ("patched-x", 0, {"2": 5.0, "4": 28.0})])))
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": sorted(stock, key=lambda e: e["t"])},
+                                        "timeline/patched-x-boot0/timeline-2.json": {"events": sorted(other, key=lambda e: e["t"])}})
+    assert spb.main(["--strata", "--variant", "patched-x", str(rec), str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert "stock -> patched-x (x)" in out and "| 4 | 1 / 3: 10.00 -> 9.00 | 7 / 5: 30.00 -> 28.00 | - | - | 25.0 -> 23." in out
+    # Without it the record has no patched run: nothing to set beside stock.
+    assert spb.main(["--strata", str(rec), str(logs)]) == 1
+    capsys.readouterr()
+    assert spb.main(["--variant", "patched-x", str(rec), str(logs)]) == 2
+    assert "--variant goes with --strata" in capsys.readouterr().err

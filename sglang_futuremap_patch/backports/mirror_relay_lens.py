@@ -29,8 +29,17 @@ exactly the values the mirror would have copied. Anything else (lengths publishe
 PD-decode bootstrap) takes the mirror as before.
 
 The same integers either way: the batch, the backend's metadata and the tokens are those of the
-mirror. Off by default until a GPU run has measured it (the e2e tree set and the serving
-benchmark's tree row); unset, or anything but 1, leaves the mirror path exactly as before.
+mirror. Unset, or anything but 1, leaves the mirror path exactly as before.
+
+Measured (4 x H200, 2026-11-26, results/serve-bench/h200x4-relay-2026-11-26): e2e ``mrelay`` 4/4
+(FlashInfer chains token for token against stock, the FA3 trees as the tree-v2 cases are judged).
+On the FA3 tree the first decode after a prefill no longer waits (0.00 ms inside a 5.4-6.1 ms
+launch, against 33.7 / 14.2 ms of waiting at concurrency 16 / 45 before). Alone it does not
+bring the tree's TTFT to stock (p50 x0.77 / 0.93 / 0.82 at 1 / 16 / 45, boots 3-5): the prefill's
+result still waits for the next launch. With back-port 16's switch as well, TTFT p50 is x1.00 /
+0.95 / 1.01 (6 boots) and TPOT x1.16 / 1.18 / 1.06. FlashInfer 8 / 48 reads as without it (2
+boots). Still off by default: the build that ships was measured without it, and back-port 16,
+which it needs to pay off on a tree, is opt-in too.
 """
 
 from __future__ import annotations

@@ -39,13 +39,19 @@ TPOT p50 read 0-9% worse than the overlap order in the same call. So it is **opt
 ``SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST=1`` turns it on; unset (or anything else) keeps the
 overlap loop's stock order.
 
-Fixed 2026-11-26, not yet measured on a GPU: until then it never acted on a prefill that
+Fixed 2026-11-26: until then it never acted on a prefill that
 reached an idle server (every prefill at concurrency 1). It read the prefill's mode from
 ``self.last_batch``, which SGLang by then has made the running batch and turned into the decode
 in place. The timelines show it: at concurrency 1 every prefill's next event was the decode
 launch, in the h100-prf record (read then as the loop waiting for a running prefill) and in the
 FA3 tree runs of results/serve-bench/h200x2-2026-11-26, where that launch is 4-5 ms of the tree's
 TTFT gap to stock spec v1. It now reads the snapshot the loop queued with the result.
+Measured after the fix (4 x H200, results/serve-bench/h200x4-relay-2026-11-26), on the FA3 tree
+with back-port 22's switch as well: a prefill's launch end -> its result processed 0.32 ms at
+concurrency 1 (5.04 ms without), TTFT p50 x1.00 against stock spec v1 (x0.77 without); e2e
+``pfirst`` cases token for token against stock, with 1-token requests reaching an idle engine.
+Those requests finish at their prefill and are freed before the decode that still holds them is
+launched; back-port 5's ``batch_pool_slots`` keeps that launch exact (it crashed before).
 """
 
 from __future__ import annotations
