@@ -97,7 +97,8 @@ Groups (``--group``, with ``--cases`` their union): ``base`` (everything before 
 ``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``, ``mla``, ``tree``, ``tree-v2``,
 ``tree-v2-det``, ``intake`` (back-port 19 switched on explicitly), ``fihost`` (back-port 20
 switched on explicitly; both on by default since 2026-11-26), ``mrelay`` (back-port 22's opt-in
-on: FlashInfer chains, the FA3 tree).
+on: FlashInfer chains, the FA3 tree), ``released`` (decodes launched after the last result was
+processed, holding requests it freed: grammar requests on three backends, back-port 16's opt-in).
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
