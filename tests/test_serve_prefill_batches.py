@@ -324,19 +324,31 @@ def test_generated_shared_prefix_cells_hold_whole_groups(tmp_path: Path) -> None
     assert [(r["concurrency"], r["requests"]) for r in rows] == [(1, 8), (13, 48)]
 
 
+def _strata_cell(tmp_path: Path, variant: str = "patched", slow: float | None = None) -> tuple[Path, Path]:
+    """Cell 4 of a record and its logs: stock launches its 8 requests as 1 + 7, ``variant`` as
+    3 + 5 (1-2 ms faster at each size; its last request takes ``slow`` ms if given). Cell 2 has
+    the same 4 requests on both sides."""
+    head = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"]]
+    stock = _events(head + [["s0"], [f"s{i}" for i in range(1, 8)]])
+    other = _events(head + [["s0", "s1", "s2"], [f"s{i}" for i in range(3, 8)]])
+    stock += _api(stock, {"s0": 10.0, **{f"s{i}": 30.0 for i in range(1, 8)}}, [])
+    other += _api(other, {**{f"s{i}": 9.0 for i in range(3)}, **{f"s{i}": 28.0 for i in range(3, 8)},
+                          **({"s7": slow} if slow is not None else {})}, [])
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 5.0, "4": 30.0}), (variant, 0, {"2": 5.0, "4": 28.0})])))
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": sorted(stock, key=lambda e: e["t"])},
+                                        f"timeline/{variant}-boot0/timeline-2.json": {"events": sorted(other, key=lambda e: e["t"])}})
+    return rec, logs
+
+
 def test_strata_compare_both_sides_at_the_same_mix_of_shared_prefills(tmp_path: Path, capsys) -> None:
     """Cell 4: stock launches its 8 requests as 1 + 7, patched as 3 + 5. Each side's requests are
     faster in small prefills; patched is 1-2 ms faster at each size. Weighted by both sides'
     requests per size (4 in 1-3, 12 in 4-8), stock 25.0 ms and patched 23.25 ms."""
+    rec, logs = _strata_cell(tmp_path)
     head = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"]]
     stock = _events(head + [["s0"], [f"s{i}" for i in range(1, 8)]])
-    patched = _events(head + [["s0", "s1", "s2"], [f"s{i}" for i in range(3, 8)]])
     stock += _api(stock, {"s0": 10.0, **{f"s{i}": 30.0 for i in range(1, 8)}}, [])
-    patched += _api(patched, {**{f"s{i}": 9.0 for i in range(3)}, **{f"s{i}": 28.0 for i in range(3, 8)}}, [])
-    rec = tmp_path / "r.json"
-    rec.write_text(json.dumps(_record([("stock", 0, {"2": 5.0, "4": 30.0}), ("patched", 0, {"2": 5.0, "4": 28.0})])))
-    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": sorted(stock, key=lambda e: e["t"])},
-                                        "timeline/patched-boot0/timeline-2.json": {"events": sorted(patched, key=lambda e: e["t"])}})
     assert spb.main(["--strata", "--json", str(rec), str(logs)]) == 0
     rows = {r["concurrency"]: r for r in json.loads(capsys.readouterr().out)["strata"]}
     assert rows[2]["groups"][0] == {"prefill": "1-3", "requests": [4, 4], "p50_ms": [5.0, 5.0],
@@ -363,16 +375,7 @@ def test_strata_also_standardise_the_mean(tmp_path: Path, capsys) -> None:
     """The same cell with one slow patched request in the 4-8 group (48 ms): its p50 stays 28, its
     mean is 32, so at equal shared prefills patched reads 23.25 ms at p50 and 26.25 ms as a mean
     (stock 25.0 for both)."""
-    head = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"]]
-    stock = _events(head + [["s0"], [f"s{i}" for i in range(1, 8)]])
-    patched = _events(head + [["s0", "s1", "s2"], [f"s{i}" for i in range(3, 8)]])
-    stock += _api(stock, {"s0": 10.0, **{f"s{i}": 30.0 for i in range(1, 8)}}, [])
-    patched += _api(patched, {**{f"s{i}": 9.0 for i in range(3)}, **{f"s{i}": 28.0 for i in range(3, 7)},
-                              "s7": 48.0}, [])
-    rec = tmp_path / "r.json"
-    rec.write_text(json.dumps(_record([("stock", 0, {"2": 5.0, "4": 30.0}), ("patched", 0, {"2": 5.0, "4": 28.0})])))
-    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": sorted(stock, key=lambda e: e["t"])},
-                                        "timeline/patched-boot0/timeline-2.json": {"events": sorted(patched, key=lambda e: e["t"])}})
+    rec, logs = _strata_cell(tmp_path, slow=48.0)
     (four,) = [r for r in spb.strata_rows([(json.loads(rec.read_text()), spb.timelines(logs))]) if r["concurrency"] == 4]
     assert [g["mean_ms"] for g in four["groups"]][:2] == [[10.0, 9.0], [30.0, 32.0]]
     assert four["adjusted_p50_ms"][1] == pytest.approx(23.2, abs=0.06)
@@ -384,15 +387,7 @@ def test_strata_also_standardise_the_mean(tmp_path: Path, capsys) -> None:
 def test_strata_set_another_variant_beside_stock(tmp_path: Path, capsys) -> None:
     """``--variant``: the same standardisation against another variant of the record (here the
     patched run's requests relabelled as ``patched-x``; a plain ``patched`` is then absent)."""
-    head = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"]]
-    stock = _events(head + [["s0"], [f"s{i}" for i in range(1, 8)]])
-    other = _events(head + [["s0", "s1", "s2"], [f"s{i}" for i in range(3, 8)]])
-    stock += _api(stock, {"s0": 10.0, **{f"s{i}": 30.0 for i in range(1, 8)}}, [])
-    other += _api(other, {**{f"s{i}": 9.0 for i in range(3)}, **{f"s{i}": 28.0 for i in range(3, 8)}}, [])
-    rec = tmp_path / "r.json"
-    rec.write_text(json.dumps(_record([("stock", 0, {"2": 5.0, "4": 30.0}), ("patched-x", 0, {"2": 5.0, "4": 28.0})])))
-    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": sorted(stock, key=lambda e: e["t"])},
-                                        "timeline/patched-x-boot0/timeline-2.json": {"events": sorted(other, key=lambda e: e["t"])}})
+    rec, logs = _strata_cell(tmp_path, variant="patched-x")
     assert spb.main(["--strata", "--variant", "patched-x", str(rec), str(logs)]) == 0
     out = capsys.readouterr().out
     assert "stock -> patched-x (x)" in out and "| 4 | 1 / 3: 10.00 -> 9.00 | 7 / 5: 30.00 -> 28.00 | - | - | 25.0 -> 23." in out
