@@ -532,7 +532,7 @@ def released_row_cases() -> list[Case]:
     released yet still rows of the decode (the ``grammar`` profile): SGLang's own grammar sync
     on spec v2, on the default configuration (FA3 + PCG, no mirror), FlashInfer (the mirror) and
     Triton; and back-port 16's opt-in (``pfirst-*``), alone and with back-port 22's. Token for
-    token against stock (which ignores both switches)."""
+    token against stock (which ignores both switches); the FA3 tree with both, as ``treev2``."""
     tok = (("skip_tokenizer_init", False), ("grammar_backend", "xgrammar"))
     pfirst = (("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "1"),)
     return [Case("grammar-eagle3-default", "EAGLE3", "default", True, True, "grammar", tok),
@@ -540,7 +540,12 @@ def released_row_cases() -> list[Case]:
             Case("grammar-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "grammar", tok),
             Case("pfirst-eagle3-default", "EAGLE3", "default", True, True, "grammar", tok, env=pfirst),
             Case("pfirst-standalone-flashinfer-graph-pcg", "STANDALONE", "flashinfer", True, True, "grammar", tok,
-                 env=pfirst + (("SGLANG_FUTUREMAP_MIRROR_RELAY", "1"),))]
+                 env=pfirst + (("SGLANG_FUTUREMAP_MIRROR_RELAY", "1"),)),
+            # The FA3 tree with both switches (the setting the serving record suggests for trees),
+            # judged as the treev2 cases are.
+            Case("pfirst-treev2-standalone-fa3-5x4x8-graph-pcg", "STANDALONE", "fa3", True, True, "tree",
+                 spec_tree(5, 4, 8), **{**_TREE_V2, "env": _TREE_V2["env"] + pfirst
+                                        + (("SGLANG_FUTUREMAP_MIRROR_RELAY", "1"),)})]
 
 
 #: Named case sets (``--group``): fnmatch patterns over case names.

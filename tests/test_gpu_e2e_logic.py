@@ -104,12 +104,14 @@ def test_released_group_launches_decodes_holding_released_requests() -> None:
         ("grammar-standalone-flashinfer-graph-pcg", "flashinfer", "grammar"),
         ("grammar-eagle3-triton-graph-nopcg", "triton", "grammar"),
         ("pfirst-eagle3-default", "default", "grammar"),
-        ("pfirst-standalone-flashinfer-graph-pcg", "flashinfer", "grammar")]
+        ("pfirst-standalone-flashinfer-graph-pcg", "flashinfer", "grammar"),
+        ("pfirst-treev2-standalone-fa3-5x4x8-graph-pcg", "fa3", "tree")]
     assert all(dict(c.extra)["skip_tokenizer_init"] is False and dict(c.extra)["grammar_backend"] == "xgrammar"
-               for c in cases)
-    assert [dict(c.env) for c in cases] == [{}, {}, {}, {prefill_result_first.PREFILL_RESULT_FIRST_ENV: "1"},
-                                            {prefill_result_first.PREFILL_RESULT_FIRST_ENV: "1",
-                                             mirror_relay_lens.MIRROR_RELAY_ENV: "1"}]
+               for c in cases[:5])
+    both = {prefill_result_first.PREFILL_RESULT_FIRST_ENV: "1", mirror_relay_lens.MIRROR_RELAY_ENV: "1"}
+    assert [dict(c.env) for c in cases] == [{}, {}, {}, {prefill_result_first.PREFILL_RESULT_FIRST_ENV: "1"}, both,
+                                            dict(e2e._TREE_V2["env"]) | both]
+    assert cases[5].tree_v2 and not any(c.tree_v2 for c in cases[:5])
     scs = {sc["name"]: sc for sc in e2e.scenarios("grammar", 1000)}
     mixed = scs["grammar_mixed"]["sampling_params"]
     # Half under the grammar, some finishing at their prefill, the rest at different steps.
@@ -1191,13 +1193,14 @@ def test_the_tree_v2_group_selects_exactly_the_new_cases() -> None:
     assert len(cases) == 18
     assert [c.name for c in cases] == [c.name for c in e2e.all_cases() if c.name.startswith("treev2-")]
     assert all(c.tree_v2 and not c.spec_v1 and c.logprob_tol == e2e.TREE_V2_LOGPROB_TOL for c in cases)
-    # besides them, only back-port 22's tree cases are judged as trees on spec v2 (its own group)
+    # besides them, only back-port 22's tree cases (with back-port 16's in ``released``) are judged
+    # as trees on spec v2 (their own groups)
     assert {c.name for c in e2e.all_cases() if c.tree_v2 and not c.name.startswith("treev2")} == {
-        c.name for c in e2e.mirror_relay_cases() if c.tree_v2}
+        c.name for c in e2e.mirror_relay_cases() + e2e.released_row_cases() if c.tree_v2}
     assert all(c.tree_v2 for c in e2e.tree_v2_det_cases())
     # the old group keeps its own cases; no other group takes a treev2 case
     assert [c.name for c in e2e.select_cases(None, groups=["tree"])] == [c.name for c in e2e.tree_cases()]
-    others = sorted(g for g in e2e.GROUPS if g not in ("tree-v2", "tree-v2-det", "mrelay"))
+    others = sorted(g for g in e2e.GROUPS if g not in ("tree-v2", "tree-v2-det", "mrelay", "released"))
     assert not any(c.tree_v2 for c in e2e.select_cases(None, groups=others))
     # run_e2e.sh hands its arguments to gpu_e2e.py, whose --group choices are GROUPS
     assert e2e.build_parser().parse_args(["--group", "tree-v2"]).group == ["tree-v2"]
