@@ -1655,7 +1655,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-spec-v2-"))
     deadline = Deadline(args.deadline_s)
     doc = new_doc(command, config)
-    doc["env"] = {"cwd": os.getcwd(), "python": sys.version.split()[0], "sglang_versions": {}}
+    doc["env"] = {"python": sys.version.split()[0], "sglang_versions": {}}
     rc = 0
 
     def skip(msg: str, case: dict[str, Any] | None = None) -> None:
