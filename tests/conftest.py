@@ -184,6 +184,7 @@ def probe():
     yield p
     p.uninstall()
 
+
 def relay_forward(fmap, probe, mode, slots, published, lens=None, asks=True):
     """One spec-v2 forward in ``forward_spec_v2_overlap``'s order: resolve (a decode; probed),
     the worker batch, lend, the forward's publish, keep. A graph-size decode's draft extend asks

@@ -371,11 +371,11 @@ class Simulation:
             processed = False
             if (process_first and batch is not None and batch.forward_mode.is_decode()
                     and self.result_queue):
-                released = {r.rid for r in batch.reqs if not r.finished()}
+                unfinished = {r.rid for r in batch.reqs if not r.finished()}
                 self.process(*self.result_queue.pop(0))
                 processed = True
-                released = [r for r in batch.reqs if r.rid in released and r.finished()]
-                self.stats["released_before_launch"] += bool(released)
+                self.stats["released_before_launch"] += any(
+                    r.rid in unfinished and r.finished() for r in batch.reqs)
             if batch is not None:
                 rids = [r.rid for r in batch.reqs]
                 expected = [self.truth[r] for r in rids]
@@ -420,6 +420,14 @@ class Simulation:
         return self
 
 
+def _switch_mirror_relay(monkeypatch, config):
+    """Back-port 22's switch on for the ``mirror_relay`` configuration, unset for the others."""
+    if config == "mirror_relay":
+        monkeypatch.setenv("SGLANG_FUTUREMAP_MIRROR_RELAY", "1")
+    else:
+        monkeypatch.delenv("SGLANG_FUTUREMAP_MIRROR_RELAY", raising=False)
+
+
 def _all_done(sim):
     assert sorted(sim.finished) == sorted(sim.reqs), (sim.finished, list(sim.reqs))
     for rid, req in sim.reqs.items():
@@ -439,10 +447,7 @@ def _all_done(sim):
                          ids=["on_publish", "safety_net"])
 def test_spec_v2_overlap_simulation(rig, algorithm, worker_cls, config, monkeypatch):
     rig.use(algorithm)
-    if config == "mirror_relay":
-        monkeypatch.setenv("SGLANG_FUTUREMAP_MIRROR_RELAY", "1")
-    else:
-        monkeypatch.delenv("SGLANG_FUTUREMAP_MIRROR_RELAY", raising=False)
+    _switch_mirror_relay(monkeypatch, config)
     sim = Simulation(algorithm, worker_cls, rig.probe, config).run()
     mirror = sim.mirror
     _all_done(sim)
@@ -580,10 +585,7 @@ def test_a_request_released_before_its_decode_is_launched(rig, config, monkeypat
     scenario's r-11 finishes at its prefill and others at their length, so both kinds of
     result do it here."""
     rig.use("EAGLE3")
-    if config == "mirror_relay":
-        monkeypatch.setenv("SGLANG_FUTUREMAP_MIRROR_RELAY", "1")
-    else:
-        monkeypatch.delenv("SGLANG_FUTUREMAP_MIRROR_RELAY", raising=False)
+    _switch_mirror_relay(monkeypatch, config)
     sim = Simulation("EAGLE3", ContractWorker, rig.probe, config).run(process_first=True)
     _all_done(sim)
     assert sim.stats["released_before_launch"] >= 3, sim.stats
