@@ -96,9 +96,9 @@ the run uses (``gpu_harness.port_blocks.PortAllocator``).
 Groups (``--group``, with ``--cases`` their union): ``base`` (everything before the FA3 set),
 ``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``, ``mla``, ``tree``, ``tree-v2``,
 ``tree-v2-det``, ``intake`` (back-port 19 switched on explicitly), ``fihost`` (back-port 20
-switched on explicitly; both on by default since 2026-11-26), ``mrelay`` (back-port 22's opt-in
+switched on explicitly; both on by default since 2026-11-26), ``mrelay`` (back-port 22's switch
 on: FlashInfer chains, the FA3 tree), ``released`` (decodes launched after the last result was
-processed, holding requests it freed: grammar requests on three backends, back-port 16's opt-in).
+processed, holding requests it freed: grammar requests on three backends, back-port 16's switch).
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -510,7 +510,7 @@ def tree_v2_det_cases() -> list[Case]:
 
 
 def mirror_relay_cases() -> list[Case]:
-    """Back-port 22 (opt-in, ``SGLANG_FUTUREMAP_MIRROR_RELAY=1``) on backends that keep the host
+    """Back-port 22 switched on (``SGLANG_FUTUREMAP_MIRROR_RELAY=1``; trees have it by default) on backends that keep the host
     mirror: FlashInfer with a chain against stock token for token (the same host lengths, so the
     same tokens), and the FA3 tree on spec v2 (the tree the switch was written for), judged as the
     ``treev2`` cases are (near-ties against stock spec v1, SGLang 0.5.13 beside it)."""
@@ -531,7 +531,7 @@ def released_row_cases() -> list[Case]:
     """Decodes launched after the last result was processed, so that requests it finished are
     released yet still rows of the decode (the ``grammar`` profile): SGLang's own grammar sync
     on spec v2, on the default configuration (FA3 + PCG, no mirror), FlashInfer (the mirror) and
-    Triton; and back-port 16's opt-in (``pfirst-*``), alone and with back-port 22's. Token for
+    Triton; and back-port 16 switched on (``pfirst-*``; trees have it by default), alone and with back-port 22's. Token for
     token against stock (which ignores both switches); the FA3 tree with both, as ``treev2``."""
     tok = (("skip_tokenizer_init", False), ("grammar_backend", "xgrammar"))
     pfirst = (("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "1"),)

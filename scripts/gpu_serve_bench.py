@@ -55,8 +55,8 @@ BACKENDS = {"default": (), "triton": ("--attention-backend", "triton"),
 #: Variant -> (the plugin's mode, extra server environment). ``upstream``: stock SGLang of another
 #: site folder (0.5.13, the release with publish/stash: ``--upstream-site``), the plugin off; the
 #: bench client stays on the current SGLang. ``patched-prefill-first``: the plugin with back-port
-#: 16's opt-in reordering on (a small or finished prefill's result processed before the next
-#: launch), to measure it beside ``patched``. ``patched-mla-mirror``: the plugin with back-port 18
+#: 16's reordering switched on (a small or finished prefill's result processed before the next
+#: launch; a tree's default, a chain's opt-in), to measure it beside ``patched`` on a chain. ``patched-mla-mirror``: the plugin with back-port 18
 #: off (FA3 with MLA keeps the host mirror), for ``--model deepseek``.
 MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}),
          "patched-prefill-first": ("strict", {"SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"}),
@@ -71,15 +71,20 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          "patched-fi-host-sum": ("strict", {"SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM": "1"}),
          # back-port 20 off: FlashInfer's own device-sum read-back, beside patched
          "patched-no-fi-host-sum": ("strict", {"SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM": "0"}),
-         # back-port 22's opt-in on: a mirrored backend's decodes read host lengths from the relay
+         # back-port 22 switched on: a mirrored backend's decodes read host lengths from the relay
          "patched-mirror-relay": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "1"}),
-         # both opt-ins on: back-port 22's relay for the wait after a prefill, back-port 16's order
+         # both switched on (a tree's default): back-port 22's relay for the wait after a prefill, back-port 16's order
          # for the decode launched before an idle server's prefill result
          "patched-relay-prefill-first": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "1",
-                                                    "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"})}
+                                                    "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "1"}),
+         # both switched off: a tree as the plugin ran it before they became its default for trees
+         "patched-tree-switches-off": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "0",
+                                                  "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "0"}),
+         # SGLang's own switch on top of the plugin: consecutive prefills without overlap
+         "patched-serial-prefills": ("strict", {"SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "1"})}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
 MODE_NOTES = {
-    "patched-prefill-first": "the plugin with back-port 16's opt-in on: a small or finished prefill's result "
+    "patched-prefill-first": "the plugin with back-port 16 switched on: a small or finished prefill's result "
                              "processed before the next launch",
     "patched-no-war": "the plugin with back-port 17's WAR barrier off",
     "patched-mla-mirror": "the plugin with back-port 18 off (SGLANG_FUTUREMAP_FA3_MLA=0): FA3 with MLA "
@@ -94,10 +99,15 @@ MODE_NOTES = {
                            "them back",
     "patched-no-fi-host-sum": "the plugin with back-port 20 off (SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM=0): "
                               "FlashInfer's own device-sum read-back",
-    "patched-mirror-relay": "the plugin with back-port 22's opt-in on (SGLANG_FUTUREMAP_MIRROR_RELAY=1): on a "
+    "patched-mirror-relay": "the plugin with back-port 22 switched on (SGLANG_FUTUREMAP_MIRROR_RELAY=1): on a "
                             "backend that keeps the host mirror, a decode reads its host lengths from the relay",
-    "patched-relay-prefill-first": "the plugin with back-ports 22 and 16's opt-ins both on: host lengths from the "
-                                   "relay, and a small or finished prefill's result processed before the next launch",
+    "patched-relay-prefill-first": "the plugin with back-ports 22 and 16's switches both on: host lengths from the "
+                                   "relay, and a small or finished prefill's result processed before the next launch "
+                                   "(a tree's default since 2026-11-26: = patched there)",
+    "patched-tree-switches-off": "the plugin with back-ports 22 and 16 switched off (=0): a tree as the plugin ran "
+                                 "it before they became its default for trees; on a chain = patched",
+    "patched-serial-prefills": "the plugin with SGLang's own SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP=1: a "
+                               "prefill's result is processed before the next prefill is launched",
 }
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")

@@ -13,9 +13,11 @@ from types import SimpleNamespace
 import torch
 
 
-def _server_args_for(algorithm: str) -> SimpleNamespace:
-    # spec_need_hidden_states() reads only these two fields.
-    return SimpleNamespace(speculative_algorithm=algorithm, enable_multi_layer_eagle=False)
+def _server_args_for(algorithm: str, topk: int) -> SimpleNamespace:
+    # spec_need_hidden_states() reads the first two fields; the relay's tree default
+    # (FutureMap.relays_host_lens) reads the draft's topk.
+    return SimpleNamespace(speculative_algorithm=algorithm, enable_multi_layer_eagle=False,
+                           speculative_eagle_topk=topk)
 
 
 def run(algorithm: str = "EAGLE3", pool_size: int = 16, topk: int = 2, hidden: int = 8) -> list[str]:
@@ -28,7 +30,7 @@ def run(algorithm: str = "EAGLE3", pool_size: int = 16, topk: int = 2, hidden: i
     if not hasattr(FutureMap, "publish"):
         raise AssertionError("FutureMap has no publish(): the back-port is not applied")
     previous = sa._global_server_args
-    sa.set_global_server_args_for_scheduler(_server_args_for(algorithm))
+    sa.set_global_server_args_for_scheduler(_server_args_for(algorithm, topk))
     try:
         return _round_trips(FutureMap, FutureIndices, EagleDraftInput,
                             SpeculativeAlgorithm.from_string(algorithm), pool_size, topk, hidden)

@@ -114,7 +114,8 @@ def spec_future_map(clean_state):
     activate_backport()
     previous = sa._global_server_args
     sa.set_global_server_args_for_scheduler(
-        SimpleNamespace(speculative_algorithm="EAGLE", enable_multi_layer_eagle=False))
+        SimpleNamespace(speculative_algorithm="EAGLE", enable_multi_layer_eagle=False,
+                        speculative_eagle_topk=1))
 
     def build(**relay_kwargs):
         from sglang.srt.managers.overlap_utils import FutureMap
@@ -168,7 +169,8 @@ def loop_scheduler():
     sched.require_mlp_sync = False
     sched.spec_algorithm = SimpleNamespace(is_none=lambda: False)
     sched.tp_size = sched.pp_size = sched.attn_cp_size = 1
-    sched.server_args = SimpleNamespace(enable_dp_attention=False, speculative_skip_dp_mlp_sync=False)
+    sched.server_args = SimpleNamespace(enable_dp_attention=False, speculative_skip_dp_mlp_sync=False,
+                                        speculative_eagle_topk=1)
     sched.recv_skipper = sched.input_blocker = None
     sched.last_batch = sched.cur_batch = None
     return sched

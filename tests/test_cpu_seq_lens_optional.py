@@ -150,7 +150,8 @@ def spec_server_args(patched):
 
     previous = sa._global_server_args
     sa.set_global_server_args_for_scheduler(
-        SimpleNamespace(speculative_algorithm="EAGLE", enable_multi_layer_eagle=False))
+        SimpleNamespace(speculative_algorithm="EAGLE", enable_multi_layer_eagle=False,
+                        speculative_eagle_topk=1))
     yield
     sa._global_server_args = previous
 

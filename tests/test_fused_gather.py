@@ -148,7 +148,8 @@ def fmap_factory(ou):
 
     def make(algorithm):
         sa.set_global_server_args_for_scheduler(
-            SimpleNamespace(speculative_algorithm=algorithm, enable_multi_layer_eagle=False))
+            SimpleNamespace(speculative_algorithm=algorithm, enable_multi_layer_eagle=False,
+                            speculative_eagle_topk=1))
         fmap = ou.FutureMap(POOL, 0, 64, torch.device("cpu"),
                             SpeculativeAlgorithm.from_string(algorithm))
         fmap.init_spec_relay(SimpleNamespace(req_to_token=torch.zeros((POOL, 4))),

@@ -74,7 +74,7 @@ def test_fihost_group_runs_back_port_20_on_against_stock() -> None:
 
 
 def test_mrelay_group_runs_back_port_22_on_mirrored_backends() -> None:
-    """The ``mrelay`` group: back-port 22's opt-in on (stock ignores it). FlashInfer chains are judged
+    """The ``mrelay`` group: back-port 22 switched on (stock ignores it). FlashInfer chains are judged
     token for token against stock; the FA3 tree on spec v2 as the ``treev2`` cases are, with the tree
     switch as they have it."""
     from sglang_futuremap_patch.backports import mirror_relay_lens

@@ -140,7 +140,8 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
     assert sb.PATCHED_VARIANTS == {"patched", "patched-prefill-first", "patched-no-war", "patched-mla-mirror",
                                    "patched-early-intake", "patched-fi-host-sum", "patched-no-early-intake",
                                    "patched-no-fi-host-sum", "patched-mirror-relay",
-                                   "patched-relay-prefill-first"}
+                                   "patched-relay-prefill-first", "patched-tree-switches-off",
+                                   "patched-serial-prefills"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -907,6 +908,34 @@ def test_mirror_relay_variant_switches_back_port_22_on() -> None:
     assert mode == "strict" and env == {mirror_relay_lens.MIRROR_RELAY_ENV: "1",
                                         prefill_result_first.PREFILL_RESULT_FIRST_ENV: "1"}
     assert "back-ports 22 and 16" in sb.MODE_NOTES["patched-relay-prefill-first"]
+
+
+def test_tree_switches_off_variant_gives_a_tree_the_mirror_again(spec_future_map, probe,
+                                                                  monkeypatch) -> None:
+    """Both tree defaults off: a tree's decode after a prefill copies the mirror, as before."""
+    from conftest import relay_forward
+    from sglang.srt.server_args import get_global_server_args
+
+    from sglang_futuremap_patch.backports import mirror_relay_lens, prefill_result_first
+
+    mode, env = sb.MODES["patched-tree-switches-off"]
+    assert mode == "strict" and env == {mirror_relay_lens.MIRROR_RELAY_ENV: "0",
+                                        prefill_result_first.PREFILL_RESULT_FIRST_ENV: "0"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    m = spec_future_map(needs_cpu_seq_lens=True)
+    get_global_server_args().speculative_eagle_topk = 4
+    relay_forward(m, probe, "EXTEND", [1, 2], [5, 7], lens=[5, 7])
+    assert relay_forward(m, probe, "DECODE", [1, 2], [8, 9]) == ([5, 7], True)
+
+
+def test_serial_prefills_variant_is_sglangs_own_switch(monkeypatch) -> None:
+    from sglang.srt.environ import envs
+
+    mode, env = sb.MODES["patched-serial-prefills"]
+    assert mode == "strict" and list(env) == ["SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP"]
+    monkeypatch.setenv(*next(iter(env.items())))
+    assert envs.SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP.get() is True
 
 
 # ----------------------------------------------------------------------------- DeepSeek MTP (MLA)

@@ -1,5 +1,5 @@
-"""Back-port mirror-relay-lens (opt-in): a decode on a mirrored backend reads its host lengths
-from the relay.
+"""Back-port mirror-relay-lens (on for trees, a switch for chains): a decode on a mirrored
+backend reads its host lengths from the relay.
 
 SGLang's real ``FutureMap`` (as patched) on CPU, built as a backend that keeps the host mirror
 builds it (``needs_cpu_seq_lens=True``: FA3 with a tree, FlashInfer). The private-stream copies
@@ -53,7 +53,8 @@ def test_lengths_the_relay_does_not_hold_come_from_the_mirror(mirrored, probe):
 @pytest.mark.parametrize("switch", [None, "0", "yes"])
 def test_without_the_switch_the_mirror_copies_for_every_decode(spec_future_map, probe,
                                                               monkeypatch, switch):
-    """Unset, or anything but 1: the mirror path as before, and no relay bookkeeping."""
+    """A chain on a mirrored backend (FlashInfer), unset or anything but 1: the mirror path as
+    before, and no relay bookkeeping."""
     if switch is None:
         monkeypatch.delenv("SGLANG_FUTUREMAP_MIRROR_RELAY", raising=False)
     else:
@@ -64,6 +65,24 @@ def test_without_the_switch_the_mirror_copies_for_every_decode(spec_future_map, 
     _forward(m, probe, "EXTEND", [3], [4], lens=[4])
     assert _forward(m, probe, "DECODE", [1, 2, 3], [9, 10, 5]) == ([8, 9, 4], True)
     assert not hasattr(m, "dx_copies")
+
+
+@pytest.mark.parametrize("switch, relayed", [(None, True), ("0", False), ("1", True)])
+def test_unset_a_tree_reads_its_lengths_from_the_relay(spec_future_map, probe, monkeypatch,
+                                                     switch, relayed):
+    """With an EAGLE tree (topk > 1: FA3 keeps the mirror) the relay is on unless switched off."""
+    from sglang.srt.server_args import get_global_server_args
+
+    if switch is None:
+        monkeypatch.delenv("SGLANG_FUTUREMAP_MIRROR_RELAY", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_FUTUREMAP_MIRROR_RELAY", switch)
+    m = spec_future_map(needs_cpu_seq_lens=True)
+    get_global_server_args().speculative_eagle_topk = 4
+    _forward(m, probe, "EXTEND", [1, 2], [5, 7], lens=[5, 7])
+    _forward(m, probe, "DECODE", [1, 2], [8, 9])
+    _forward(m, probe, "EXTEND", [3], [4], lens=[4])
+    assert _forward(m, probe, "DECODE", [1, 2, 3], [9, 10, 5]) == ([8, 9, 4], not relayed)
 
 
 def test_without_the_mirror_the_switch_changes_nothing(spec_future_map, probe, monkeypatch):

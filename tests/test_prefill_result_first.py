@@ -45,7 +45,7 @@ def _batch(name: str, mode: str, spec_v2: bool = True, new_tokens: int = 256):
     return b
 
 
-def _run_loop(batches, done, *, mlp_sync: bool = False):
+def _run_loop(batches, done, *, mlp_sync: bool = False, topk: int = 1):
     """Drive the real overlap loop over ``batches`` (one per iteration; None: idle) and return
     the order of launches and result processing. ``done[name]``: whether that batch's result
     has finished on the GPU when the loop looks at it."""
@@ -74,6 +74,7 @@ def _run_loop(batches, done, *, mlp_sync: bool = False):
     sched.run_batch = run_batch
     sched.process_batch_result = process_batch_result
     sched.require_mlp_sync = mlp_sync
+    sched.server_args.speculative_eagle_topk = topk
     with pytest.raises(_StopLoop):
         sched.event_loop_overlap()
     return log
@@ -81,7 +82,8 @@ def _run_loop(batches, done, *, mlp_sync: bool = False):
 
 @pytest.fixture
 def patched(clean_state, monkeypatch):
-    """The back-port installed and switched on (it is opt-in)."""
+    """The back-port installed and switched on (for the chains these batches stand for it is off
+    by default)."""
     monkeypatch.setenv("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "1")
     activate_backport()
 
@@ -132,14 +134,31 @@ def test_consecutive_prefills_only_a_finished_one_goes_first(patched):
 @pytest.mark.parametrize("case", ["not_spec_v2", "dp_attention", "env_off", "env_unset"])
 def test_stock_order_where_it_does_not_apply(patched, monkeypatch, case):
     """Non-speculative batches are untouched, DP attention ranks decide with synchronised
-    flags (a per-rank event query could split them), and without the opt-in (unset, or
-    anything but 1) the loop keeps the stock order."""
+    flags (a per-rank event query could split them), and for a chain without the switch (unset,
+    or anything but 1) the loop keeps the stock order."""
     if case == "env_off":
         monkeypatch.setenv("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "0")
     if case == "env_unset":
         monkeypatch.delenv("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST")
     batches = _prefill_then_decodes(spec_v2=case != "not_spec_v2")
     assert _run_loop(batches, {"P": True}, mlp_sync=case == "dp_attention") == OVERLAP_ORDER
+
+
+@pytest.mark.parametrize("switch, topk, expected", [
+    (None, 4, RESULT_FIRST),   # unset: on for a tree
+    (None, 1, OVERLAP_ORDER),  # unset: off for a chain
+    ("0", 4, OVERLAP_ORDER),   # switched off for a tree too
+    ("1", 1, RESULT_FIRST),    # switched on for a chain too
+])
+def test_unset_it_is_on_for_a_tree_only(clean_state, monkeypatch, switch, topk, expected):
+    """The default follows the measurement: on for EAGLE trees (topk > 1), where it brings the
+    FA3 tree's TTFT to stock's; off for chains, where it was not shown to pay off."""
+    if switch is None:
+        monkeypatch.delenv("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", switch)
+    activate_backport()
+    assert _run_loop(_prefill_then_decodes(), {"P": True}, topk=topk) == expected
 
 
 def test_idle_iteration_after_a_prefill_processes_it(patched):

@@ -15,7 +15,7 @@
 #   bash scripts/gpu/run_e2e.sh --group tree --jobs 8 # SGLang's auto-chosen tree (Llama + EAGLE3 or EAGLE-1, no spec flags) kept on spec v1 (SGLANG_FUTUREMAP_TREE_SPEC_V2=0) vs stock given it explicitly (FA3 staged)
 #   bash scripts/gpu/run_e2e.sh --group intake --jobs 2 # back-port 19 (on by default; the group sets SGLANG_FUTUREMAP_EARLY_INTAKE=1): Triton matrix workload and HTTP arrivals, token for token (no FA3 needed)
 #   bash scripts/gpu/run_e2e.sh --group fihost --jobs 2 # back-port 20 (on by default; the group sets SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM=1): FlashInfer matrix workload, PCG on and off (no FA3 needed)
-#   bash scripts/gpu/run_e2e.sh --group released --jobs 5 # grammar requests (xgrammar) on the default (FA3 staged), FlashInfer and Triton, and back-port 16's opt-in: decodes that hold a request freed just before their launch, token for token; the FA3 tree with back-ports 16 and 22 on
+#   bash scripts/gpu/run_e2e.sh --group released --jobs 5 # grammar requests (xgrammar) on the default (FA3 staged), FlashInfer and Triton, and back-port 16 switched on: decodes that hold a request freed just before their launch, token for token; the FA3 tree with back-ports 16 and 22 on
 #   bash scripts/gpu/run_e2e.sh --group tree-v2 --jobs 8 --timeout 420 # 18 EAGLE trees (topk > 1) on spec v2 with the plugin vs stock's spec v1 (FA3 staged for the fa3/default ones)
 #
 # Device calls for the FA3 set (FA3 lives in /tmp of the machine: stage it right before, ../shared/gpu/README.md):

@@ -1,4 +1,4 @@
-"""Back-port 22: a spec-v2 decode on the host mirror may read its lengths from the relay (opt-in).
+"""Back-port 22: a spec-v2 decode on the host mirror may read its lengths from the relay (trees).
 
 Upstream: none (beyond upstream); it extends back-port 21's use of back-port 14's relay from
 eager batches without the mirror to every decode batch of a backend that keeps the mirror.
@@ -18,8 +18,9 @@ decode, and the first tokens wait for that launch. The decode needs nothing from
 the lengths of its running requests were fixed by the decode before, and those of the
 prefilled requests were built on the host.
 
-How: with ``SGLANG_FUTUREMAP_MIRROR_RELAY=1`` the relay's bookkeeping (back-port 14's
-``lend_draft_extend_lens`` / ``keep_draft_extend_lens``) also runs on a mirrored backend. A
+How: with ``SGLANG_FUTUREMAP_MIRROR_RELAY=1``, or unset with an EAGLE tree (topk > 1), the
+relay's bookkeeping (back-port 14's ``lend_draft_extend_lens`` / ``keep_draft_extend_lens``)
+also runs on a mirrored backend. A
 prefill's host lengths are recorded, and every decode keeps a copy of the length buffer on the
 private stream after its own publish (the mirror copied the same buffer in the next
 ``resolve_seq_lens_cpu``: the copy is now queued earlier, still one per decode).
@@ -29,7 +30,8 @@ exactly the values the mirror would have copied. Anything else (lengths publishe
 PD-decode bootstrap) takes the mirror as before.
 
 The same integers either way: the batch, the backend's metadata and the tokens are those of the
-mirror. Unset, or anything but 1, leaves the mirror path exactly as before.
+mirror. ``=0`` (or anything but 1), or unset with a chain (FlashInfer, trtllm), leaves the mirror
+path exactly as before.
 
 Measured (4 x H200, 2026-11-26, results/serve-bench/h200x4-relay-2026-11-26): e2e ``mrelay`` 4/4
 (FlashInfer chains token for token against stock, the FA3 trees as the tree-v2 cases are judged).
@@ -38,8 +40,9 @@ launch, against 33.7 / 14.2 ms of waiting at concurrency 16 / 45 before). Alone 
 bring the tree's TTFT to stock (p50 x0.77 / 0.93 / 0.82 at 1 / 16 / 45, boots 3-5): the prefill's
 result still waits for the next launch. With back-port 16's switch as well, TTFT p50 is x1.00 /
 0.95 / 1.01 (6 boots) and TPOT x1.16 / 1.18 / 1.06. FlashInfer 8 / 48 reads as without it (2
-boots). Still off by default: the build that ships was measured without it, and back-port 16,
-which it needs to pay off on a tree, is opt-in too.
+boots). On by default for trees since then, together with back-port 16 (results/serve-bench/
+h200x4-treedefault-2026-11-26: tree-v2 e2e 18/18 with both on by default); off for chains,
+where it read the same as without it (FlashInfer).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ import os
 
 from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
 
-#: Set to 1 to let a mirrored backend's decodes read their host lengths from the relay.
+#: 1: a mirrored backend's decodes read their host lengths from the relay, 0: never; unset:
+#: for trees (topk > 1) only.
 MIRROR_RELAY_ENV = "SGLANG_FUTUREMAP_MIRROR_RELAY"
 
 # --------------------------------------------------------------------------- FutureMap
@@ -56,10 +60,17 @@ MIRROR_RELAY_ENV = "SGLANG_FUTUREMAP_MIRROR_RELAY"
 
 def relays_host_lens(self) -> bool:
     """Whether the relay keeps host lengths for this map: always without the mirror (back-port
-    14), and on a mirrored backend when ``SGLANG_FUTUREMAP_MIRROR_RELAY=1``."""
+    14); on a mirrored backend when ``SGLANG_FUTUREMAP_MIRROR_RELAY=1``, or when it is unset and
+    the server runs an EAGLE tree (topk > 1)."""
     if not self.needs_cpu_seq_lens:
         return True
-    return os.environ.get("SGLANG_FUTUREMAP_MIRROR_RELAY", "").strip() == "1"
+    setting = os.environ.get("SGLANG_FUTUREMAP_MIRROR_RELAY", "").strip()
+    if setting:
+        return setting == "1"
+    # Unset: on for a tree (topk > 1), where it was measured to pay off (module docstring).
+    from sglang.srt.server_args import get_global_server_args
+
+    return (get_global_server_args().speculative_eagle_topk or 1) > 1
 
 
 # --------------------------------------------------------------------------- text edits
@@ -125,10 +136,11 @@ _OVERLAP = "sglang.srt.managers.overlap_utils"
 
 BACKPORT = Backport(
     id="mirror-relay-lens",
-    title="[Spec] Mirrored spec-v2 decodes may read host lengths from the relay (opt-in)",
+    title="[Spec] Mirrored spec-v2 decodes may read host lengths from the relay",
     upstream_prs=(),
     patch_file="0022-Spec-Mirrored-spec-v2-decodes-may-read-host-lengths-from-the-relay.patch",
-    summary="opt-in (SGLANG_FUTUREMAP_MIRROR_RELAY=1): on a backend that keeps the host mirror "
+    summary="for trees (topk > 1) unless SGLANG_FUTUREMAP_MIRROR_RELAY=0 (=1: chains too): on a "
+            "backend that keeps the host mirror "
             "(a tree on FA3, FlashInfer), a decode takes its host lengths from a prefill's host "
             "values and the previous decode's private copy instead of a mirror copy behind the "
             "prefill",

@@ -35,9 +35,10 @@ one call, results/serve-bench/h100-prf): inside the scheduler it does what it sa
 concurrency 4 (a prefill's launch end -> its result processing 0.9 ms against 9.7 stock and
 10.0 with the plugin's overlap order); the client's TTFT p50 did not improve beyond the
 boot-to-boot scatter (two near-identical builds differed by up to 20% at concurrency 1-8) and
-TPOT p50 read 0-9% worse than the overlap order in the same call. So it is **opt-in**:
-``SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST=1`` turns it on; unset (or anything else) keeps the
-overlap loop's stock order.
+TPOT p50 read 0-9% worse than the overlap order in the same call. So it is **off for chains**
+(topk 1) and **on for EAGLE trees** (topk > 1, since 2026-11-26; "Measured after the fix"
+below): ``SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST=1`` turns it on for chains too, ``=0`` (or
+anything but 1) off for trees too.
 
 Fixed 2026-11-26: until then it never acted on a prefill that
 reached an idle server (every prefill at concurrency 1). It read the prefill's mode from
@@ -52,6 +53,11 @@ concurrency 1 (5.04 ms without), TTFT p50 x1.00 against stock spec v1 (x0.77 wit
 ``pfirst`` cases token for token against stock, with 1-token requests reaching an idle engine.
 Those requests finish at their prefill and are freed before the decode that still holds them is
 launched; back-port 5's ``batch_pool_slots`` keeps that launch exact (it crashed before).
+
+On by default for trees since then (4 x H200, results/serve-bench/h200x4-treedefault-2026-11-26):
+the tree-v2 e2e group 18/18 and ``released`` 6/6 with it on. On a chain (the default
+configuration, 3-6 boots per cell) it is x1.34 / 1.15 at concurrency 1 / 4 but x0.92 at 13, 16
+and 48 against stock, where the plugin's own order reads x1.14 / 0.92 / 0.95: it stays off there.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ import os
 
 from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
 
-#: Set to 1 to turn the reordering on (it is off by default: see "Measured" above).
+#: 1: the reordering on, 0 (or anything but 1): off; unset: on for trees (topk > 1) only.
 PREFILL_RESULT_FIRST_ENV = "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST"
 #: A prefill of at most this many new tokens is processed before a following decode launch even
 #: if the loop has to wait for it: its launch is host-bound (15-20 ms of host time on an
@@ -90,8 +96,10 @@ def process_prefill_first(self, batch) -> bool:
     launched, result = self.result_queue[0]
     if not launched.forward_mode.is_extend():
         return False
-    if os.environ.get("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "").strip() != "1":
-        return False  # opt-in: not measured to pay off (module docstring)
+    setting = os.environ.get("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "").strip()
+    # Unset: on for a tree (topk > 1) only, where it was measured to pay off (module docstring).
+    if not (setting == "1" if setting else (self.server_args.speculative_eagle_topk or 1) > 1):
+        return False
     copy_done = result.copy_done
     if copy_done is None:
         return False
@@ -125,7 +133,8 @@ BACKPORT = Backport(
     patch_file="0016-Sched-Process-a-small-or-finished-spec-v2-prefill-before-the-next-launch.patch",
     summary="the overlap loop processes a spec-v2 prefill that has finished, or a small one "
             "followed by a decode, before it launches the next batch, so the first tokens do not "
-            "wait for that launch",
+            "wait for that launch; for trees (topk > 1) unless SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST=0 "
+            "(=1: chains too)",
     applied_upstream=None,
     targets=(
         Target(_SCHEDULER, "SMALL_PREFILL_TOKENS", SMALL_PREFILL_TOKENS, expected=ABSENT,
