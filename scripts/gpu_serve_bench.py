@@ -179,8 +179,12 @@ def placements(variants: Sequence[str], boot: int, gpus: Sequence[str]) -> list[
     order = boot_order(variants, boot)
     if len(gpus) < 2:
         return [[(v, None, 0)] for v in order]
+    # The GPU follows the variant's place in ``variants``, not its slot in the boot's order: the
+    # order reverses every other boot, which would cancel a rotation by slot (with two variants
+    # each side kept one card).
+    place = {v: i for i, v in enumerate(variants)}
     waves = [order[i:i + len(gpus)] for i in range(0, len(order), len(gpus))]
-    return [[(v, gpus[(slot + boot) % len(gpus)], slot * SLOT_PORT_STRIDE) for slot, v in enumerate(wave)]
+    return [[(v, gpus[(place[v] + boot) % len(gpus)], slot * SLOT_PORT_STRIDE) for slot, v in enumerate(wave)]
             for wave in waves]
 
 

@@ -1162,7 +1162,19 @@ def test_two_gpus_run_each_boots_pair_at_once_and_alternate_the_cards(tmp_path: 
     # placement: one wave per boot with two GPUs, the card of each side moving on with the boot
     assert sb.placements(["stock", "patched"], 0, []) == [[("stock", None, 0)], [("patched", None, 0)]]
     assert sb.placements(["stock", "patched"], 0, ["0", "1"]) == [[("stock", "0", 0), ("patched", "1", sb.SLOT_PORT_STRIDE)]]
-    assert sb.placements(["stock", "patched"], 1, ["0", "1"]) == [[("patched", "1", 0), ("stock", "0", sb.SLOT_PORT_STRIDE)]]
+    assert sb.placements(["stock", "patched"], 1, ["0", "1"]) == [[("patched", "0", 0), ("stock", "1", sb.SLOT_PORT_STRIDE)]]
+    # Over as many boots as GPUs, every variant runs once on every GPU, and a wave never
+    # puts two servers on one GPU.
+    for variants, gpus in ((["stock", "patched"], ["0", "1"]),
+                           (["stock", "patched", "patched-prefill-first"], ["0", "1", "2"]),
+                           (["stock", "patched", "upstream"], ["0", "1"])):
+        seen = {v: [] for v in variants}
+        for boot in range(len(variants) * len(gpus)):
+            for wave in sb.placements(variants, boot, gpus):
+                assert len({g for _, g, _ in wave}) == len(wave)
+                for v, g, _ in wave:
+                    seen[v].append(g)
+        assert all(sorted(set(g)) == gpus and len(set(g.count(x) for x in gpus)) == 1 for g in seen.values())
     three = sb.placements(["stock", "patched", "upstream"], 0, ["0", "1"])
     assert [[v for v, _, _ in w] for w in three] == [["stock", "patched"], ["upstream"]]
     import threading
@@ -1183,7 +1195,7 @@ def test_two_gpus_run_each_boots_pair_at_once_and_alternate_the_cards(tmp_path: 
     assert sb.main(["--out", str(out), "--variants", "stock,patched", "--boots", "2", "--gpus", "2",
                     "--concurrency", "32", "--port", "30000"]) == 0
     assert sorted(started) == [(0, "patched", "1", 30500), (0, "stock", "0", 30000),
-                               (1, "patched", "1", 30010), (1, "stock", "0", 30510)]
+                               (1, "patched", "0", 30010), (1, "stock", "1", 30510)]
     doc = json.loads((out / "serve-bench.json").read_text())
     assert doc["environment"]["config"]["gpus"] == ["0", "1"] and len(doc["runs"]) == 4
     assert "ran at the same time on GPUs 0,1" in (out / "serve-bench.md").read_text().splitlines()[0]
