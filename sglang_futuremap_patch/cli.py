@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -62,6 +63,19 @@ def _tree_choice() -> str:
             f"{TREE_ENV}=1 runs it on spec v2); {TREE_ENV}=0 keeps every tree on spec v1")
 
 
+def _tree_switches() -> str:
+    """Back-ports 16 and 22 on a tree, as the environment decides it (unset: on for trees only)."""
+    from sglang_futuremap_patch.backports.mirror_relay_lens import MIRROR_RELAY_ENV
+    from sglang_futuremap_patch.backports.prefill_result_first import PREFILL_RESULT_FIRST_ENV
+
+    parts = []
+    for number, env in ((16, PREFILL_RESULT_FIRST_ENV), (22, MIRROR_RELAY_ENV)):
+        setting = os.environ.get(env, "").strip()
+        state = "on" if not setting else "on, chains too" if setting == "1" else "off"
+        parts.append(f"back-port {number} {state} ({env}={setting or 'unset'})")
+    return "; ".join(parts) + "; unset: on for trees, off for chains; 0: off"
+
+
 def _print_report(report: Report) -> None:
     v = report.verdict
     print(f"SGLang:   {v.sglang_version}")
@@ -69,6 +83,8 @@ def _print_report(report: Report) -> None:
     print(f"verdict:  {v.decision}: {v.reason}")
     if any(bp.id == "spec-v2-tree" for bp in report.series):
         print(f"trees:    {_tree_choice()}")
+    if {"prefill-result-first", "mirror-relay-lens"} <= {bp.id for bp in report.series}:
+        print(f"on trees: {_tree_switches()}")
     for bp in report.series:
         print(f"\n{bp.id}  [{bp.pr_list}]  patches/{bp.patch_file}")
         print(f"  {bp.title}")

@@ -124,3 +124,21 @@ def test_the_readme_lists_every_switch_the_plugin_reads() -> None:
     rows = set(re.findall(r"^\| `(SGLANG_FUTUREMAP_[A-Z0-9_]+)` \|", readme, re.M))
     assert used - {"SGLANG_FUTUREMAP_PATCH"} <= rows, sorted(used - rows)
     assert "| `SGLANG_FUTUREMAP_PATCH` | effect |" in readme
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, "back-port 16 on (SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST=unset); "
+         "back-port 22 on (SGLANG_FUTUREMAP_MIRROR_RELAY=unset)"),
+    ({"SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "0", "SGLANG_FUTUREMAP_MIRROR_RELAY": "1"},
+     "back-port 16 off (SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST=0); "
+     "back-port 22 on, chains too (SGLANG_FUTUREMAP_MIRROR_RELAY=1)"),
+])
+def test_status_says_what_trees_get_from_back_ports_16_and_22(clean_state, capsys, monkeypatch,
+                                                               env, expected):
+    for name in ("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "SGLANG_FUTUREMAP_MIRROR_RELAY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cli.main(["status"])
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("on trees:")]
+    assert line == f"on trees: {expected}; unset: on for trees, off for chains; 0: off"
