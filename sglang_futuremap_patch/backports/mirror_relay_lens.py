@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import os
 
+from sglang.srt.server_args import get_global_server_args
+
 from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
 
 #: 1: a mirrored backend's decodes read their host lengths from the relay, 0: never; unset:
@@ -68,8 +70,6 @@ def relays_host_lens(self) -> bool:
     if setting:
         return setting == "1"
     # Unset: on for a tree (topk > 1), where it was measured to pay off (module docstring).
-    from sglang.srt.server_args import get_global_server_args
-
     return (get_global_server_args().speculative_eagle_topk or 1) > 1
 
 
@@ -147,6 +147,8 @@ BACKPORT = Backport(
     applied_upstream=None,
     targets=(
         Target(_OVERLAP, "os", os, expected=ABSENT, kind="value", import_line="import os"),
+        Target(_OVERLAP, "get_global_server_args", get_global_server_args, expected=ABSENT,
+               kind="value", import_line="from sglang.srt.server_args import get_global_server_args"),
         Target(_OVERLAP, "FutureMap.relays_host_lens", relays_host_lens, expected=ABSENT),
         Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", None, expected="0c14d3d88a3b689b",
                kind="edit", edits=_RESOLVE_EDITS),
