@@ -23,12 +23,15 @@ summary is the median over boots with the spread, and patched / stock.
     python3 scripts/gpu_serve_bench.py --merge a.json b.json > results/serve-bench/README.md
 
 ``--merge`` joins the records of several calls (one boot pair each fits a 10-minute device
-call) into one summary.
+call) into one summary. Each cell also keeps a digest of every request's generated text, and the
+summary counts, per concurrency, the requests whose output equals stock's in the same boot
+(``--logs`` reads them from older records' archives).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -316,6 +319,21 @@ def occupancy(log_text: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def output_digests(bench: dict[str, Any]) -> list[str | None] | None:
+    """Per measured request (``bench_serving``'s order, the order of its prompts), the first 12
+    hex digits of the SHA-1 of its generated text (``--output-details``); None for a request that
+    failed. Both sides of a cell get the same prompts (seeded ``random-ids``; one cached
+    ``generated-shared-prefix`` file per cell, see ``serve_bench_client``), so equal digests are
+    equal outputs: the serving workload's own token check (a word-level tokenizer: one word per
+    token)."""
+    texts = bench.get("generated_texts")
+    if not isinstance(texts, list):
+        return None
+    errors = bench.get("errors") or [""] * len(texts)
+    return [hashlib.sha1(t.encode()).hexdigest()[:12] if isinstance(t, str) and not err else None
+            for t, err in zip(texts, errors)]
+
+
 def cell_values(bench: dict[str, Any], occ: float | None) -> dict[str, Any]:
     out = {k: bench.get(k) for k in (*LATENCY_KEYS, "mean_ttft_ms", "output_throughput", "accept_length",
                                       "completed")}
@@ -323,12 +341,80 @@ def cell_values(bench: dict[str, Any], occ: float | None) -> dict[str, Any]:
     ttfts = request_ttfts(bench)
     if ttfts:
         out["ttfts_ms"] = ttfts
+    digests = output_digests(bench)
+    if digests:
+        out["output_digests"] = digests
     return out
+
+
+def digests_from_logs(doc: dict[str, Any], tar_path: Path) -> int:
+    """Fill in ``output_digests`` of ``doc``'s cells that lack them from the ``bench_serving``
+    files its ``serve-logs.tar.gz`` keeps (``bench/<variant>-boot<n>-c<c>.jsonl``, written with
+    ``--output-details``: every record has them); returns how many cells got them."""
+    import tarfile
+
+    filled = 0
+    with tarfile.open(tar_path) as tar:
+        names = {Path(m.name).name: m for m in tar.getmembers() if m.isfile() and Path(m.name).parent.name == "bench"}
+        for run in doc["runs"]:
+            for c, vals in run["cells"].items():
+                member = names.get(f"{run['variant']}-boot{run['boot']}-c{c}.jsonl")
+                if vals.get("output_digests") or member is None:
+                    continue
+                f = tar.extractfile(member)
+                assert f is not None
+                lines = f.read().decode(errors="replace").strip().splitlines()
+                digests = output_digests(json.loads(lines[-1])) if lines else None
+                if digests:
+                    vals["output_digests"] = digests
+                    filled += 1
+    return filled
+
+
+def same_outputs(runs: Sequence[dict[str, Any]]) -> dict[str, dict[int, list[int]]]:
+    """Per variant other than stock and concurrency: ``[identical, compared]`` requests, each
+    run's outputs against those of the stock run of the same boot (a record's boots share
+    prompts, so a boot without a stock run is held against the first stock run of that cell).
+    Requests that failed on either side and records without digests are left out."""
+    stock: dict[int, dict[int, list[str | None]]] = {}
+    for run in runs:
+        if run["variant"] == "stock":
+            for c, vals in run["cells"].items():
+                if vals.get("output_digests"):
+                    stock.setdefault(int(c), {}).setdefault(run["boot"], vals["output_digests"])
+    out: dict[str, dict[int, list[int]]] = {}
+    for run in runs:
+        if run["variant"] == "stock":
+            continue
+        for c, vals in run["cells"].items():
+            mine, by_boot = vals.get("output_digests"), stock.get(int(c))
+            if not mine or not by_boot:
+                continue
+            theirs = by_boot.get(run["boot"], next(iter(by_boot.values())))
+            pairs = [(a, b) for a, b in zip(theirs, mine) if a is not None and b is not None]
+            slot = out.setdefault(run["variant"], {}).setdefault(int(c), [0, 0])
+            slot[0] += sum(a == b for a, b in pairs)
+            slot[1] += len(pairs)
+    return out
+
+
+def format_same_outputs(same: dict[str, dict[int, list[int]]]) -> str:
+    """Markdown: per concurrency, requests whose output equals stock's, per variant."""
+    variants = [v for v in MODES if v in same]
+    if not variants:
+        return ""
+    rows = sorted({c for v in variants for c in same[v]})
+    lines = ["| conc | " + " | ".join(f"{v}: identical to stock" for v in variants) + " |",
+             "|---|" + "---|" * len(variants)]
+    for c in rows:
+        cells = [f"{same[v][c][0]} / {same[v][c][1]}" if c in same[v] else "-" for v in variants]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def flat_cell(vals: dict[str, Any]) -> dict[str, Any]:
     """A cell's values with the scheduler split (``sched``, a dict) as ``sched_<key>`` entries."""
-    out = {k: v for k, v in vals.items() if k not in ("sched", "ttfts_ms", "client_requests")}
+    out = {k: v for k, v in vals.items() if k not in ("sched", "ttfts_ms", "client_requests", "output_digests")}
     for k, v in (vals.get("sched") or {}).items():
         if not isinstance(v, dict):  # per-site waits stay in the record only
             out[f"sched_{k}"] = v
@@ -745,10 +831,16 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
                        "warmup": args.warmup, "freeze_gc": bool(getattr(args, "freeze_gc", False))}}
 
 
-def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
+def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] = ()) -> str:
     """The Markdown summary of these records (median over all their boots); with ``plot``, also
-    an SVG of the patched / stock ratios there."""
+    an SVG of the patched / stock ratios there; with ``logs`` (each record's
+    ``serve-logs.tar.gz``, in order), outputs compared from the ``bench_serving`` files there
+    where a record has no digests (records before 2026-11-26)."""
     docs = [json.loads(p.read_text()) for p in paths]
+    if logs and len(logs) != len(docs):
+        raise ValueError(f"--logs: {len(logs)} archive(s) for {len(docs)} record(s); give one per record, in order")
+    for doc, tar_path in zip(docs, logs):
+        digests_from_logs(doc, tar_path)
     models = sorted({record_model(d) for d in docs})
     if len(models) > 1:
         raise ValueError(f"these records ran different models ({', '.join(models)}): merge each model's apart")
@@ -780,6 +872,10 @@ def merge(paths: Sequence[Path], plot: Path | None = None) -> str:
         if pooled:
             lines += ["", f"TTFT over every request of every boot, stock -> {other} (x: how much better "
                       f"{other} is; [90% bootstrap interval]):", "", pooled]
+    same = format_same_outputs(same_outputs(runs))
+    if same:
+        lines += ["", "Outputs: requests whose generated text equals stock's in the same boot, over every "
+                  "boot (same prompts on both sides):", "", same]
     if plot is not None:
         plot.write_text(plot_svg(summary, f"{env['gpu']}, backend {env['config']['backend']}"))
     sched = format_sched_table(summary)
@@ -851,14 +947,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "launches, from CUDA events); both sides alike")
     p.add_argument("--merge", nargs="+", type=Path, help="print the summary of these records instead")
     p.add_argument("--plot", type=Path, help="with --merge: also write an SVG of the ratios there")
+    p.add_argument("--logs", nargs="+", type=Path, default=[],
+                   help="with --merge: each record's serve-logs.tar.gz, in the same order, to compare the "
+                        "outputs of records that kept no digests (from the bench_serving files there)")
     args = p.parse_args(argv)
+    if args.logs and not args.merge:
+        p.error("--logs goes with --merge")
     if args.merge:
         missing = [str(m) for m in args.merge if not m.is_file()]
         if missing:
             print(f"error: no such record: {', '.join(missing)}", file=sys.stderr)
             return 2
         try:
-            sys.stdout.write(merge(args.merge, args.plot))
+            sys.stdout.write(merge(args.merge, args.plot, args.logs))
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -24,6 +24,15 @@ The reply then also carries ``requests``: per request ``[start, ttft]``, the wal
 in s (None when it failed), warm-up requests first. The serving record matches them with the API
 server's own timestamps of the same requests (same host, same clock).
 
+Prompts of ``generated-shared-prefix`` cells: ``bench_serving`` draws them from the tokenizer's
+``get_vocab()``, whose order changes from process to process (the tokenizers library's hash map),
+so two clients that generate the same cell get different prompts even with one seed. Only its
+cache file (``~/.cache/sglang/benchmark``, one per cell's seed and sizes) makes them agree, and
+two clients that start the same cell at once (``--gpus 2`` on a fresh machine) both generated it:
+stock and patched then served different prompts. The client takes an exclusive lock around that
+generation (``serialize_dataset_generation``), so the second client waits and loads the file the
+first one wrote.
+
     printf '%s\\n' '["--backend", "sglang", "--port", "30000", ...]' | python3 scripts/serve_bench_client.py
 """
 
@@ -31,7 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
+import importlib
 import json
 import os
 import runpy
@@ -39,9 +50,13 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
 MODULE = "sglang.bench_serving"
+#: Where ``bench_serving``'s ``generated-shared-prefix`` prompts are drawn (and cached).
+GSP_MODULE = "sglang.benchmark.datasets.generated_shared_prefix"
+GSP_FUNC = "sample_generated_shared_prefix_requests"
 #: The client's loop-lag sampler: how late this sleep wakes.
 LAG_SLEEP_S = 0.002
 
@@ -183,6 +198,35 @@ def serve(lines: TextIO, out: TextIO, run: Callable[..., Any] = runpy.run_module
     return failed
 
 
+def serialize_dataset_generation(module: Any, name: str, lock_path: Path) -> None:
+    """Replace ``module.<name>`` by a wrapper that holds an exclusive ``flock`` on ``lock_path``
+    while it runs: a second client (another process) waits, then finds the cache file the first
+    one wrote and loads it. Idempotent; an unknown ``name`` raises (SGLang renamed it)."""
+    func = getattr(module, name)
+    if getattr(func, "serialized", False):
+        return
+
+    @functools.wraps(func)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock_path, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    locked.serialized = True  # type: ignore[attr-defined]
+    setattr(module, name, locked)
+
+
+def install_dataset_lock() -> None:
+    """``serialize_dataset_generation`` on ``bench_serving``'s ``generated-shared-prefix``
+    prompts, the lock file beside its cache (``~/.cache/sglang/benchmark``)."""
+    serialize_dataset_generation(importlib.import_module(GSP_MODULE), GSP_FUNC,
+                                 Path.home() / ".cache" / "sglang" / "benchmark" / "generation.lock")
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
         sys.stdout.write(__doc__ or "")
@@ -190,6 +234,7 @@ def main() -> int:
     # Import once, before the first request (the reason this client exists).
     with contextlib.redirect_stdout(sys.stderr):
         __import__(MODULE)
+    install_dataset_lock()
     serve(sys.stdin, sys.stdout)
     return 0
 

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import gpu_serve_bench as sb  # noqa: E402
-from gpu_harness import child_env, launch, records  # noqa: E402
+from gpu_harness import child_env, launch, model_factory, records  # noqa: E402
 
 
 def test_boots_alternate_and_cells_get_enough_requests() -> None:
@@ -1287,3 +1288,136 @@ def test_bench_servings_own_names_are_what_the_client_stamps(monkeypatch) -> Non
     assert "sglang" in bs.ASYNC_REQUEST_FUNCS and bs.benchmark.__globals__ is vars(bs)
     fields = {f.name for f in dataclasses.fields(bs.RequestFuncOutput)}
     assert {"success", "ttft"} <= fields
+
+
+def _bench_result(texts: list[str], errors: list[str] | None = None) -> dict:
+    return {"median_ttft_ms": 10.0, "generated_texts": texts, "errors": errors or [""] * len(texts)}
+
+
+def test_cells_keep_output_digests_and_the_summary_counts_outputs_equal_to_stocks(tmp_path: Path) -> None:
+    same, other = ["w1 w2", "w3 w4", "w5"], ["w1 w2", "w3 w9", "w5"]
+    vals = sb.cell_values(_bench_result(same, ["", "", "boom"]), 90.0)
+    assert len(vals["output_digests"]) == 3 and vals["output_digests"][2] is None  # a failed request
+    assert vals["output_digests"][0] == sb.cell_values(_bench_result(same), None)["output_digests"][0]
+    assert "output_digests" not in sb.flat_cell(vals)  # not a per-boot statistic
+
+    def run(variant: str, boot: int, texts: list[str]) -> dict:
+        return {"variant": variant, "boot": boot, "error": None,
+                "cells": {"8": sb.cell_values(_bench_result(texts), 90.0)}}
+
+    # Boot 0 equal; boot 1 differs in one request; a failed stock request is not compared.
+    runs = [run("stock", 0, same), run("patched", 0, same), run("stock", 1, same), run("patched", 1, other)]
+    assert sb.same_outputs(runs) == {"patched": {8: [5, 6]}}
+    runs[2]["cells"]["8"]["output_digests"][1] = None
+    assert sb.same_outputs(runs) == {"patched": {8: [5, 5]}}
+    assert sb.same_outputs([runs[0]]) == {}
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "default", "server_args": []}}, "runs": runs}))
+    text = sb.merge([doc])
+    assert "Outputs: requests whose generated text equals stock's" in text and "| 8 | 5 / 5 |" in text
+
+
+def test_merge_reads_older_records_outputs_from_their_logs(tmp_path: Path, capsys) -> None:
+    import tarfile
+
+    runs = [{"variant": v, "boot": 0, "error": None, "cells": {"4": {"median_ttft_ms": 10.0}}}
+            for v in ("stock", "patched")]
+    doc = tmp_path / "serve-bench.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "default", "server_args": []}}, "runs": runs}))
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for v, texts in (("stock", ["a b", "c d"]), ("patched", ["a b", "c x"])):
+        (bench / f"{v}-boot0-c4.jsonl").write_text(json.dumps({"other": 1}) + "\n" + json.dumps(_bench_result(texts)) + "\n")
+    logs = tmp_path / "serve-logs.tar.gz"
+    with tarfile.open(logs, "w:gz") as tar:
+        tar.add(bench, arcname="bench")
+    assert "Outputs:" not in sb.merge([doc])  # no digests in the record itself
+    assert "| 4 | 1 / 2 |" in sb.merge([doc], logs=[logs])
+    with pytest.raises(ValueError, match="one per record"):
+        sb.merge([doc], logs=[logs, logs])
+    assert sb.main(["--merge", str(doc), "--logs", str(logs)]) == 0
+    assert "| 4 | 1 / 2 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        sb.main(["--logs", str(logs)])
+
+
+_GSP_CHILD = r"""
+import os, sys, time, hashlib, importlib
+sys.path.insert(0, sys.argv[1])
+import serve_bench_client as sc
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[2])
+decode = tok.decode
+def slow_decode(*a, **k):  # widen the window between the cache check and the cache write
+    time.sleep(0.05)
+    return decode(*a, **k)
+tok.decode = slow_decode
+mod = importlib.import_module(sc.GSP_MODULE)
+if sys.argv[4] == "lock":
+    sc.install_dataset_lock()
+open(sys.argv[5], "w").close()
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.001)
+rows = mod.GeneratedSharedPrefixDataset(num_groups=2, prompts_per_group=2, system_prompt_len=64, question_len=16,
+    output_len=8, range_ratio=1.0, seed=7, fast_prepare=False, send_routing_key=False, num_turns=1,
+    ordered=False).load(tok)
+print(hashlib.sha1("\n".join(r.prompt for r in rows).encode()).hexdigest())
+"""
+
+
+def gsp_prompts_of_two_clients(tmp_path: Path, mode: str, homes: list[Path]) -> list[str]:
+    """Two processes that generate one ``generated-shared-prefix`` cell the way ``bench_serving``
+    does (its dataset class, a word-level tokenizer), started at the same instant (``mode``
+    ``lock``: through the client's lock); the digest of each one's prompts."""
+    import subprocess
+
+    tok = tmp_path / "tok"
+    if not tok.exists():
+        tok.mkdir()
+        model_factory.write_tokenizer(tok, 4000)
+    script = tmp_path / "child.py"
+    script.write_text(_GSP_CHILD)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(child_env.DATASETS_STAND_IN), os.environ.get("PYTHONPATH", "")]))
+    tag = f"{mode}-{len(list(tmp_path.glob('go-*')))}"
+    go, ready = tmp_path / f"go-{tag}", [tmp_path / f"ready-{tag}-{i}" for i in range(len(homes))]
+    procs = [subprocess.Popen([sys.executable, str(script), str(sb.HERE), str(tok), str(go), mode, str(r)],
+                              env=dict(env, HOME=str(h)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for h, r in zip(homes, ready)]
+    deadline = time.monotonic() + 120
+    while not all(r.exists() for r in ready) and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.01)
+    go.touch()
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(out.strip().splitlines()[-1])
+    return outs
+
+
+def test_bench_clients_that_start_one_generated_shared_prefix_cell_at_once_get_one_set_of_prompts(tmp_path: Path) -> None:
+    # bench_serving draws these prompts from get_vocab(), whose order changes with the process:
+    # two clients that each generate a cell get different prompts (separate homes, no cache to
+    # share). Two that start the same cell at once (one home) must get one set: the client
+    # locks the generation, the second waits and loads the first one's cache file.
+    apart = gsp_prompts_of_two_clients(tmp_path, "lock", [tmp_path / "home-a", tmp_path / "home-b"])
+    assert apart[0] != apart[1]
+    together = gsp_prompts_of_two_clients(tmp_path, "lock", [tmp_path / "home-c", tmp_path / "home-c"])
+    assert together[0] == together[1]
+
+
+def test_dataset_lock_wraps_once_and_names_a_missing_function(tmp_path: Path) -> None:
+    import types
+
+    import serve_bench_client as sc
+
+    mod = types.SimpleNamespace(gen=lambda x: x + 1)
+    sc.serialize_dataset_generation(mod, "gen", tmp_path / "locks" / "l.lock")
+    first = mod.gen
+    sc.serialize_dataset_generation(mod, "gen", tmp_path / "locks" / "l.lock")
+    assert mod.gen is first and mod.gen(1) == 2 and (tmp_path / "locks" / "l.lock").exists()
+    with pytest.raises(AttributeError):
+        sc.serialize_dataset_generation(mod, "renamed", tmp_path / "l.lock")
