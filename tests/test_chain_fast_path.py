@@ -13,6 +13,7 @@ machinery records instead of capturing. ``_select_top_k_tokens_later`` runs with
 from __future__ import annotations
 
 import contextlib
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -151,6 +152,41 @@ def test_chain_draft_returns_exactly_what_stock_returns(clean_state, eager_compi
     got = _run(EagleDraftWorker.draft_forward, w, FIRST, steps)
     for g, s in zip(got, want):
         assert g.dtype == s.dtype and g.shape == s.shape and torch.equal(g, s)
+
+
+def _near_zero_logits_for(ids: torch.Tensor) -> torch.Tensor:
+    """Logits near zero, as dummy weights give: every row's two largest are adjacent bfloat16
+    values around 4e-6 (one bfloat16 step, 2**-25, apart), the smaller at an earlier index.
+    Their softmax numerators ``exp(0)`` and ``exp(-2**-25)`` round to the same float32."""
+    g = torch.Generator().manual_seed(11)
+    table = torch.rand(VOCAB, VOCAB, generator=g) * 2e-6
+    top = torch.tensor(4e-6).to(torch.bfloat16)
+    above = (top.view(torch.int16) + 1).view(torch.bfloat16)
+    for t in range(VOCAB):
+        table[t, (t + 1) % 20] = top.float()
+        table[t, 30 + t % 30] = above.float()
+    return table.to(torch.bfloat16).float()[ids]
+
+
+@plugin_only
+def test_near_zero_logits_argmax_takes_the_larger_where_stocks_softmax_ties(clean_state, eager_compile,
+                                                                             monkeypatch):
+    # Where the docstring's "the draft tokens are the same" stops: two distinct bfloat16 logits
+    # this close to zero are one float32 probability, so stock's softmax + max takes the first
+    # of them and argmax the larger one, which is what the target's greedy verify takes
+    # (torch.argmax of its logits). Above about 1e-5 they stay apart (the test above).
+    from sglang.srt.speculative import eagle_worker_v2 as ew
+
+    rows = _near_zero_logits_for(torch.arange(VOCAB))
+    probs = torch.softmax(rows, dim=-1)
+    assert torch.equal(probs.max(dim=-1).values, probs[torch.arange(VOCAB), (torch.arange(VOCAB) + 1) % 20])
+    monkeypatch.setattr(sys.modules[__name__], "_logits_for", _near_zero_logits_for)
+    stock = _run(ew.EagleDraftWorker.draft_forward, _worker(1, 2, None), FIRST, 2)[2]
+    activate_backport()
+    patched = _run(ew.EagleDraftWorker.draft_forward, _worker(1, 2, 8), FIRST, 2)[2]
+    assert stock[:, 1].tolist() == [(t + 1) % 20 for t in FIRST]
+    assert patched[:, 1].tolist() == [30 + t % 30 for t in FIRST] == [
+        int(torch.argmax(_near_zero_logits_for(torch.tensor([t]))[0])) for t in FIRST]
 
 
 @plugin_only
