@@ -24,7 +24,7 @@ tokens are the same wherever the largest logits are above about 1e-5 in magnitud
 model's are far above): the logits are the lm_head's bfloat16 products in float32, two distinct
 bfloat16 values that large stay two float32 probabilities, so the first index of the largest
 logit is the first index of the largest probability (equal logits tie in both, and both
-reductions return the first index). Nearer zero (dummy weights) two adjacent bfloat16 logits
+reductions return the first index). Nearer zero two adjacent bfloat16 logits
 can round to one probability: stock's max then takes the first of them, argmax the larger,
 which is also what the target's greedy verify takes (its own argmax), as in 0.5.13; a greedy target's
 tokens do not change, the draft accepts more. The probabilities only fed the chain's scores,
