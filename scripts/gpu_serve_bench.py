@@ -831,6 +831,25 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
                        "warmup": args.warmup, "freeze_gc": bool(getattr(args, "freeze_gc", False))}}
 
 
+def card_counts(runs: Sequence[dict[str, Any]]) -> str:
+    """One line: how many runs of each variant had each GPU (``--gpus`` records), and a note when
+    the sides did not get every card equally often (an odd boot count gives one side a card
+    twice: host-bound launches then follow the card, see h100x2-2026-11-26); "" without GPUs."""
+    counts: dict[str, dict[str, int]] = {}
+    for run in runs:
+        if run.get("gpu") is not None:
+            by_gpu = counts.setdefault(run["variant"], {})
+            by_gpu[str(run["gpu"])] = by_gpu.get(str(run["gpu"]), 0) + 1
+    if not counts:
+        return ""
+    gpus = sorted({g for by_gpu in counts.values() for g in by_gpu})
+    parts = [f"{v}: " + ", ".join(f"GPU {g} x{counts[v].get(g, 0)}" for g in gpus)
+             for v in [m for m in MODES if m in counts]]
+    even = all(len({by_gpu.get(g, 0) for g in gpus}) == 1 for by_gpu in counts.values())
+    return ("Cards (server runs per variant): " + "; ".join(parts)
+            + ("" if even else " (not the same number of runs on every card: compare with care)"))
+
+
 def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] = ()) -> str:
     """The Markdown summary of these records (median over all their boots); with ``plot``, also
     an SVG of the patched / stock ratios there; with ``logs`` (each record's
@@ -860,6 +879,9 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
              "Latency cells more than 3% worse patched: " + ("; ".join(worse) if worse else "none")]
+    cards = card_counts(runs)
+    if cards:
+        lines += ["", cards]
     if summary.get("ratio_upstream"):
         ups = sorted({r.get("sglang") for r in runs if r["variant"] == "upstream"} - {None})
         lines += ["", f"Stock -> upstream (stock SGLang {', '.join(ups) or '?'}, its own site, no plugin; "

@@ -1421,3 +1421,16 @@ def test_dataset_lock_wraps_once_and_names_a_missing_function(tmp_path: Path) ->
     assert mod.gen is first and mod.gen(1) == 2 and (tmp_path / "locks" / "l.lock").exists()
     with pytest.raises(AttributeError):
         sc.serialize_dataset_generation(mod, "renamed", tmp_path / "l.lock")
+
+
+def test_merge_says_how_often_each_side_had_each_card() -> None:
+    def run(variant: str, boot: int, gpu: str | None) -> dict:
+        return {"variant": variant, "boot": boot, "gpu": gpu, "error": None, "cells": {}}
+
+    three = [run("stock", b, str(b % 2)) for b in range(3)] + [run("patched", b, str(1 - b % 2)) for b in range(3)]
+    line = sb.card_counts(three)
+    assert line.startswith("Cards (server runs per variant): stock: GPU 0 x2, GPU 1 x1; patched: GPU 0 x1, GPU 1 x2")
+    assert "compare with care" in line
+    four = [run("stock", b, str(b % 2)) for b in range(4)] + [run("patched", b, str(1 - b % 2)) for b in range(4)]
+    assert "compare with care" not in sb.card_counts(four)
+    assert sb.card_counts([run("stock", 0, None), run("patched", 0, None)]) == ""
