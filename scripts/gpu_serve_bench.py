@@ -40,6 +40,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -324,8 +325,8 @@ def output_digests(bench: dict[str, Any]) -> list[str | None] | None:
     hex digits of the SHA-1 of its generated text (``--output-details``); None for a request that
     failed. Both sides of a cell get the same prompts (seeded ``random-ids``; one cached
     ``generated-shared-prefix`` file per cell, see ``serve_bench_client``), so equal digests are
-    equal outputs: the serving workload's own token check (a word-level tokenizer: one word per
-    token)."""
+    equal outputs: the serving workload's own token check (with the 8b model's word-level
+    tokenizer, one word per token)."""
     texts = bench.get("generated_texts")
     if not isinstance(texts, list):
         return None
@@ -347,13 +348,10 @@ def cell_values(bench: dict[str, Any], occ: float | None) -> dict[str, Any]:
     return out
 
 
-def digests_from_logs(doc: dict[str, Any], tar_path: Path) -> int:
+def digests_from_logs(doc: dict[str, Any], tar_path: Path) -> None:
     """Fill in ``output_digests`` of ``doc``'s cells that lack them from the ``bench_serving``
     files its ``serve-logs.tar.gz`` keeps (``bench/<variant>-boot<n>-c<c>.jsonl``, written with
-    ``--output-details``: every record has them); returns how many cells got them."""
-    import tarfile
-
-    filled = 0
+    ``--output-details``: every record has them)."""
     with tarfile.open(tar_path) as tar:
         names = {Path(m.name).name: m for m in tar.getmembers() if m.isfile() and Path(m.name).parent.name == "bench"}
         for run in doc["runs"]:
@@ -367,8 +365,6 @@ def digests_from_logs(doc: dict[str, Any], tar_path: Path) -> int:
                 digests = output_digests(json.loads(lines[-1])) if lines else None
                 if digests:
                     vals["output_digests"] = digests
-                    filled += 1
-    return filled
 
 
 def same_outputs(runs: Sequence[dict[str, Any]]) -> dict[str, dict[int, list[int]]]:
