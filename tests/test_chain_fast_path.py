@@ -155,9 +155,9 @@ def test_chain_draft_returns_exactly_what_stock_returns(clean_state, eager_compi
 
 
 def _near_zero_logits_for(ids: torch.Tensor) -> torch.Tensor:
-    """Logits near zero, as dummy weights give: every row's two largest are adjacent bfloat16
-    values around 4e-6 (one bfloat16 step, 2**-25, apart), the smaller at an earlier index.
-    Their softmax numerators ``exp(0)`` and ``exp(-2**-25)`` round to the same float32."""
+    """Logits near zero: every row's two largest are adjacent bfloat16 values around 4e-6 (one
+    bfloat16 step, 2**-25, apart), the smaller at an earlier index. Their softmax numerators
+    ``exp(0)`` and ``exp(-2**-25)`` round to the same float32."""
     g = torch.Generator().manual_seed(11)
     table = torch.rand(VOCAB, VOCAB, generator=g) * 2e-6
     top = torch.tensor(4e-6).to(torch.bfloat16)

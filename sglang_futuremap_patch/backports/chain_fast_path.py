@@ -24,13 +24,12 @@ tokens are the same wherever the largest logits are above about 1e-5 in magnitud
 model's are far above): the logits are the lm_head's bfloat16 products in float32, two distinct
 bfloat16 values that large stay two float32 probabilities, so the first index of the largest
 logit is the first index of the largest probability (equal logits tie in both, and both
-reductions return the first index). Nearer zero two adjacent bfloat16 logits
-can round to one probability: stock's max then takes the first of them, argmax the larger,
-which is also what the target's greedy verify takes (its own argmax), as in 0.5.13; a greedy target's
-tokens do not change, the draft accepts more. The probabilities only fed the chain's scores,
-and with one candidate per step the kept positions are every position in order, whatever the
-scores. The prefill's draft extend keeps the softmax (its probability goes to a
-PD decode instance). Multi-layer EAGLE keeps its own path (as in 0.5.13). On ROCm the argmax
+reductions return the first index). Nearer zero two adjacent bfloat16 logits can round to one
+probability: stock's max then takes the first of them, argmax the larger, which is also what
+the target's greedy verify takes (its own argmax), as in 0.5.13; a greedy target's tokens do
+not change, the draft accepts more. The probabilities only fed the chain's scores, and with one
+candidate per step the kept positions are every position in order, whatever the scores. The
+prefill's draft extend keeps the softmax (its probability goes to a PD decode instance). Multi-layer EAGLE keeps its own path (as in 0.5.13). On ROCm the argmax
 stays off, as upstream gates it (#26358: a different tie-break there on FP8 logits). Each change is a text
 edit of SGLang's function, the same in the plugin and in the patch; the draft extend's edit
 sits on top of back-port 10's.
