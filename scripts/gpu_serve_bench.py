@@ -846,6 +846,31 @@ def card_counts(runs: Sequence[dict[str, Any]]) -> str:
             + ("" if even else " (not the same number of runs on every card: compare with care)"))
 
 
+def paired_runs(docs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each record's runs with only the cells that every variant of that record has in the same
+    boot, and one ``variant boot N conc C`` per cell left out. A boot cut off by ``--budget``
+    can leave one side a cell the other never ran (h200x2-tf-2026-11-26: stock's concurrency 1
+    of a boot whose patched server was cut before it); a median over boots would count it for
+    one side only. Runs left without cells are dropped."""
+    kept: list[dict[str, Any]] = []
+    dropped: list[str] = []
+    for doc in docs:
+        runs = [r for r in doc["runs"] if not r.get("error") or r["cells"]]
+        variants = {r["variant"] for r in runs}
+        by_boot: dict[Any, dict[str, set[str]]] = {}
+        for r in runs:
+            by_boot.setdefault(r.get("boot"), {}).setdefault(r["variant"], set()).update(r["cells"])
+        for r in runs:
+            sides = by_boot[r.get("boot")]
+            common = set.intersection(*(sides.get(v, set()) for v in variants))
+            dropped += [f"{r['variant']} boot {r.get('boot')} conc {c}"
+                        for c in sorted(r["cells"], key=int) if c not in common]
+            cells = {c: cell for c, cell in r["cells"].items() if c in common}
+            if cells:
+                kept.append({**r, "cells": cells})
+    return kept, dropped
+
+
 def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] = ()) -> str:
     """The Markdown summary of these records (median over all their boots); with ``plot``, also
     an SVG of the patched / stock ratios there; with ``logs`` (each record's
@@ -859,7 +884,7 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
     models = sorted({record_model(d) for d in docs})
     if len(models) > 1:
         raise ValueError(f"these records ran different models ({', '.join(models)}): merge each model's apart")
-    runs = [r for d in docs for r in d["runs"] if not r.get("error") or r["cells"]]
+    runs, unpaired = paired_runs(docs)
     summary = summarize(runs)
     env = docs[0]["environment"]
     worse = worse_cells(summary)
@@ -875,6 +900,8 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
              "Latency cells more than 3% worse patched: " + ("; ".join(worse) if worse else "none")]
+    if unpaired:
+        lines += ["", f"Left out, no partner in the same boot (a boot cut off by --budget): {'; '.join(unpaired)}"]
     cards = card_counts(runs)
     if cards:
         lines += ["", cards]

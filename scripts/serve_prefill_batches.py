@@ -548,6 +548,39 @@ def launch_tables(rows: list[dict[str, Any]]) -> str:
     return "\n".join(steady) + "\n\n" + "\n".join(first) + "\n\n" + "\n".join(prefill)
 
 
+def compile_rows(by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per variant, kernel and first caller: the Triton JIT compiles of the scheduler's process
+    (``compile`` events, timelines from 2026-11-26 on), how many servers had them, how many and
+    how long in all, and the launches they fell in (``DECODE 4``: a decode ``run_batch`` of 4
+    requests; ``between launches``: outside every ``run_batch``)."""
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for name, events in by_run.items():
+        variant = name.rsplit("-boot", 1)[0]
+        runs = [e for e in events if e["kind"] == "run"]
+        starts = [e["t"] for e in runs]
+        for c in (e for e in events if e["kind"] == "compile"):
+            i = bisect.bisect_right(starts, c["t"]) - 1
+            launch = (f"{runs[i]['mode']} {runs[i]['bs']}" if i >= 0 and c["t"] <= runs[i]["t1"]
+                      else "between launches")
+            where = (c.get("where") or ["?"])[0]
+            g = groups.setdefault((variant, c.get("kernel", "?"), where),
+                                  {"variant": variant, "kernel": c.get("kernel", "?"), "where": where,
+                                   "servers": set(), "compiles": 0, "ms": 0.0, "launches": set()})
+            g["servers"].add(name)
+            g["compiles"] += 1
+            g["ms"] += (c["t1"] - c["t"]) * 1000
+            g["launches"].add(launch)
+    return [{**g, "servers": len(g["servers"]), "ms": round(g["ms"], 1), "launches": sorted(g["launches"])}
+            for g in sorted(groups.values(), key=lambda g: (g["variant"] != "stock", g["variant"], -g["ms"]))]
+
+
+def compile_table(rows: list[dict[str, Any]]) -> str:
+    head = ("| variant | kernel | launched from | servers | compiles | ms in all | in launches |\n"
+            "|---|---|---|---|---|---|---|")
+    return "\n".join([head, *(f"| {r['variant']} | {r['kernel']} | {r['where']} | {r['servers']} | {r['compiles']} | "
+                               f"{r['ms']:.1f} | {', '.join(r['launches'])} |" for r in rows)])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -560,14 +593,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: the API server's event-loop stalls per cell, and TTFT with and without the requests they hit")
     p.add_argument("--strata", action="store_true",
                    help="instead: the API server's TTFT per request by the size of its shared prefill, both sides at equal sizes")
+    p.add_argument("--compiles", action="store_true",
+                   help="instead: the Triton JIT compiles in the scheduler's process, per variant, kernel and caller")
     p.add_argument("--variant", default="patched",
                    help="with --strata: the variant set beside stock (default patched; e.g. patched-mirror-relay)")
     args = p.parse_args(argv)
     if args.variant != "patched" and not args.strata:
         print("serve_prefill_batches: --variant goes with --strata", file=sys.stderr)
         return 2
-    if args.launches + args.stalls + args.strata > 1:
-        print("serve_prefill_batches: one of --launches, --stalls, --strata", file=sys.stderr)
+    if args.launches + args.stalls + args.strata + args.compiles > 1:
+        print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles", file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
         print("serve_prefill_batches: give a record and its logs, pair by pair", file=sys.stderr)
@@ -578,6 +613,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     # Read pair by pair, as the rows are made (each record's own messages follow its logs').
     pairs = ((path, json.loads(path.read_text()), timelines(logs)) for path, logs in zip(args.pairs[::2], args.pairs[1::2]))
+    if args.compiles:
+        rows = [row for _, _, by_run in pairs for row in compile_rows(by_run)]
+        if not rows:
+            print("serve_prefill_batches: no compile events in these logs (timelines before 2026-11-26 have none)",
+                  file=sys.stderr)
+            return 1
+        print(json.dumps({"compiles": rows}, indent=1) if args.json else compile_table(rows))
+        return 0
     if args.launches:
         rows = launch_split([(str(path.parent), record, by_run) for path, record, by_run in pairs])
     elif args.stalls:

@@ -1434,3 +1434,84 @@ def test_merge_says_how_often_each_side_had_each_card() -> None:
     four = [run("stock", b, str(b % 2)) for b in range(4)] + [run("patched", b, str(1 - b % 2)) for b in range(4)]
     assert "compare with care" not in sb.card_counts(four)
     assert sb.card_counts([run("stock", 0, None), run("patched", 0, None)]) == ""
+
+
+def test_merge_leaves_out_a_cell_whose_boot_has_no_partner_on_the_other_side(tmp_path: Path) -> None:
+    # A boot cut off by --budget: stock ran concurrency 32 once more (boot 2, ttft 10), patched
+    # never did. Counted, it would pull stock's median to 100 and make patched look worse.
+    runs = [_run("stock", 0, 100, 10, 1000), _run("stock", 1, 120, 10, 1000), _run("stock", 2, 10, 10, 1000),
+            _run("patched", 0, 110, 10, 1000), _run("patched", 1, 130, 10, 1000),
+            {"variant": "patched", "boot": 2, "cells": {}, "error": "cut off by --budget"}]
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "default", "server_args": []}}, "runs": runs}))
+    kept, dropped = sb.paired_runs([json.loads(doc.read_text())])
+    assert dropped == ["stock boot 2 conc 32"]
+    assert sorted((r["variant"], r["boot"]) for r in kept) == [("patched", 0), ("patched", 1), ("stock", 0), ("stock", 1)]
+    md = sb.merge([doc])
+    assert "| 32 | 110.0 -> 120.0 (x0.917)" in md
+    assert "Left out, no partner in the same boot (a boot cut off by --budget): stock boot 2 conc 32" in md
+    assert "4 server runs from 1 record(s)" in md
+    # The same boot number in another record is another boot: it pairs only within its record.
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "default", "server_args": []}}, "runs": [_run("patched", 2, 50, 10, 1000),
+                                                              _run("stock", 5, 50, 10, 1000)]}))
+    kept, dropped = sb.paired_runs([json.loads(doc.read_text()), json.loads(other.read_text())])
+    assert dropped == ["stock boot 2 conc 32", "patched boot 2 conc 32", "stock boot 5 conc 32"]
+    assert len(kept) == 4
+
+
+def test_timeline_probe_records_each_triton_compile_with_its_kernel_and_caller(tmp_path: Path) -> None:
+    """A kernel met with a new specialization compiles inside the launch that meets it (in the
+    Triton row, patched first decodes at each new batch size held the scheduler 0.2-0.8 s).
+    The probe wraps Triton's per-specialization compile: one ``compile`` event naming the kernel,
+    its key and the code outside Triton that launched it; a launch that compiles nothing (the
+    key cached by Triton itself) gives none. Wrapped once, however often it installs."""
+    compiled: list = []
+
+    class JIT:  # the two attributes of triton.runtime.jit.JITFunction the probe reads
+        def __init__(self, fn):
+            self.fn = fn
+            self.cache: dict = {}
+
+        def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+            compiled.append(key)
+            time.sleep(0.01)
+            return f"binary-{key}"
+
+        def run(self, key):
+            if key not in self.cache:
+                self.cache[key] = self._do_compile(key, None, 0, {"BLOCK": key}, None, None, False)
+            return self.cache[key]
+
+    def my_kernel():
+        pass
+
+    tl = st.Timeline(str(tmp_path))
+    tl.watch_compiles(JIT)
+    tl.watch_compiles(JIT)
+    kernel = JIT(my_kernel)
+
+    def launch_from_sglang(key):
+        return kernel.run(key)
+
+    assert launch_from_sglang(4) == "binary-4" and launch_from_sglang(4) == "binary-4"
+    launch_from_sglang(16)
+    events = [e for e in tl.events if e["kind"] == "compile"]
+    assert compiled == [4, 16] and [e["key"] for e in events] == ["4", "16"]
+    first = events[0]
+    assert first["kernel"] == "my_kernel" and first["t1"] - first["t"] >= 0.01
+    assert first["where"][0].startswith("test_gpu_serve_bench_logic.py:") and first["where"][0].endswith(" run")
+    assert any(w.endswith(" launch_from_sglang") for w in first["where"])
+    assert len(first["where"]) <= st.COMPILE_CALLERS
+
+
+def test_timeline_probe_wraps_tritons_own_compile_when_triton_is_there(tmp_path: Path) -> None:
+    jit = pytest.importorskip("triton.runtime.jit")
+    orig = jit.JITFunction._do_compile
+    try:
+        st.Timeline(str(tmp_path)).watch_compiles()
+        assert jit.JITFunction._do_compile.__wrapped__ is orig
+    finally:
+        jit.JITFunction._do_compile = orig

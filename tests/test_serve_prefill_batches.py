@@ -396,3 +396,32 @@ def test_strata_set_another_variant_beside_stock(tmp_path: Path, capsys) -> None
     capsys.readouterr()
     assert spb.main(["--variant", "patched-x", str(rec), str(logs)]) == 2
     assert "--variant goes with --strata" in capsys.readouterr().err
+
+
+def test_compiles_are_listed_per_variant_kernel_and_caller_with_the_launch_they_fell_in(tmp_path: Path, capsys) -> None:
+    record = tmp_path / "r.json"
+    record.write_text(json.dumps({"runs": []}))
+
+    def compile_at(t: float, kernel: str, where: str) -> dict:
+        return {"kind": "compile", "t": t, "t1": t + 0.2, "kernel": kernel, "key": "k", "where": [where, "x.py:1 y"]}
+
+    patched = [{"kind": "run", "t": 10.0, "t1": 11.0, "mode": "DECODE", "extend": False, "bs": 4},
+               compile_at(10.1, "assign_kernel", "eagle_worker_v2.py:1219 move"),
+               {"kind": "run", "t": 12.0, "t1": 12.5, "mode": "DECODE", "extend": False, "bs": 13},
+               compile_at(12.1, "assign_kernel", "eagle_worker_v2.py:1219 move"),
+               compile_at(13.0, "other", "schedule_batch.py:9 prepare")]
+    stock = [{"kind": "run", "t": 10.0, "t1": 10.01, "mode": "DECODE", "extend": False, "bs": 4}]
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/patched-boot1/timeline-2.json": {"events": patched},
+                                        "timeline/patched-boot2/timeline-3.json": {"events": patched},
+                                        "timeline/stock-boot1/timeline-1.json": {"events": stock}})
+    assert spb.main(["--compiles", "--json", str(record), str(logs)]) == 0
+    rows = json.loads(capsys.readouterr().out)["compiles"]
+    assert [(r["variant"], r["kernel"], r["servers"], r["compiles"], r["launches"]) for r in rows] == [
+        ("patched", "assign_kernel", 2, 4, ["DECODE 13", "DECODE 4"]),
+        ("patched", "other", 2, 2, ["between launches"])]
+    assert rows[0]["where"] == "eagle_worker_v2.py:1219 move" and rows[0]["ms"] == pytest.approx(800, abs=0.5)
+    assert spb.main(["--compiles", str(record), str(logs)]) == 0
+    assert "| patched | assign_kernel | eagle_worker_v2.py:1219 move | 2 | 4 | 800.0 | DECODE 13, DECODE 4 |" in capsys.readouterr().out
+    none = _tar(tmp_path / "n.tar.gz", {"timeline/stock-boot1/timeline-1.json": {"events": stock}})
+    assert spb.main(["--compiles", str(record), str(none)]) == 1
+    assert "no compile events" in capsys.readouterr().err

@@ -64,7 +64,10 @@ second (SGLang SIGKILLs its scheduler at shutdown). The wrappers cost a few micr
 call (on CUDA, one or two event records more); the benchmark runs them on both sides alike.
 
 In both processes it also records Python's garbage collections that were full ones or took
-``GC_MIN_S`` or longer (``gc`` events): a collection pauses the whole process.
+``GC_MIN_S`` or longer (``gc`` events): a collection pauses the whole process. In the
+scheduler's process it records every Triton JIT compile (``compile`` events: kernel, caller,
+specialization key): a kernel met with a new specialization mid-benchmark compiles inside a
+launch.
 
 In the API server's process (SGLang's ``TokenizerManager``, on its first
 ``_handle_batch_output`` call) it wraps that method: one ``api`` event per request whose first
@@ -103,6 +106,10 @@ SYNC_MIN_S = 3e-4
 #: when no wrapped sync shows it (a blocking copy, a full launch queue, Python work).
 SAMPLE_S = 1e-3
 SAMPLE_DEPTH = 3
+#: Triton JIT compiles (``compile`` events): how many callers outside Triton each names, and
+#: how much of its specialization key it keeps.
+COMPILE_CALLERS = 4
+COMPILE_KEY_CHARS = 300
 #: The parts of TTFT outside the scheduler, from the API server's ``api`` events.
 API_PARTS = ("api_before_dispatch", "dispatch_to_sched", "sched_to_api", "api_total")
 #: Python garbage collections (``gc`` events, scheduler and API server alike): every full
@@ -414,6 +421,47 @@ class Timeline:
         self.gc_hook = on_gc
         gc.callbacks.append(on_gc)
 
+    def watch_compiles(self, jit_cls: Any = None) -> None:
+        """One ``compile`` event per Triton JIT compile in this process (``JITFunction._do_compile``,
+        the call a kernel's first launch with a new specialization makes): start, end, the
+        kernel's name, its specialization key (cut to ``COMPILE_KEY_CHARS``) and ``where``, the
+        first ``COMPILE_CALLERS`` frames outside Triton that launched it. A compile holds the
+        launching thread for tens to hundreds of ms, and the stack samples (``SAMPLE_DEPTH``
+        frames) end inside Triton's compiler. ``jit_cls`` defaults to Triton's ``JITFunction``;
+        nothing happens without Triton."""
+        import sys
+
+        if jit_cls is None:
+            try:
+                from triton.runtime.jit import JITFunction as jit_cls
+            except Exception:
+                return
+        orig = getattr(jit_cls, "_do_compile", None)
+        if orig is None or getattr(orig, "_timeline_compiles", False):
+            return
+        tl = self
+
+        def _do_compile(self_fn, key, *a, **k):
+            t0 = time.time()
+            try:
+                return orig(self_fn, key, *a, **k)
+            finally:
+                where: list[str] = []
+                f = sys._getframe(1)
+                while f is not None and len(where) < COMPILE_CALLERS:
+                    path = f.f_code.co_filename
+                    if f"{os.sep}triton{os.sep}" not in path and os.path.basename(path) != os.path.basename(__file__):
+                        where.append(f"{os.path.basename(path)}:{f.f_lineno} {f.f_code.co_name}")
+                    f = f.f_back
+                fn = getattr(self_fn, "fn", None)
+                tl.add({"kind": "compile", "t": t0, "t1": time.time(),
+                        "kernel": getattr(fn, "__name__", None) or getattr(self_fn, "__name__", "?"),
+                        "key": str(key)[:COMPILE_KEY_CHARS], "where": where})
+
+        _do_compile._timeline_compiles = True  # type: ignore[attr-defined]
+        _do_compile.__wrapped__ = orig  # type: ignore[attr-defined]
+        jit_cls._do_compile = _do_compile
+
     async def _loop_lag(self) -> None:
         """Runs on the API server's event loop: how late a short sleep wakes, per window."""
         window = {"t": time.time(), "n": 0, "sum": 0.0, "max": 0.0}
@@ -489,6 +537,7 @@ class Timeline:
         sched_cls.process_batch_result = process_batch_result
         self._wrap_syncs(threading.get_ident())
         self.watch_gc("scheduler")
+        self.watch_compiles()
         threading.Thread(target=self._ticker, name="sched-timeline", daemon=True).start()
         threading.Thread(target=self._sampler, args=(threading.get_ident(),),
                          name="sched-timeline-sampler", daemon=True).start()
