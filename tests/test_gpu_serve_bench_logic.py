@@ -282,6 +282,17 @@ def test_wait_until_ready_says_why_a_server_never_answered(tmp_path: Path) -> No
 
 st = child_env.probe_module("sched_timeline")
 REAL_WATCH_GC = st.Timeline.watch_gc
+REAL_WATCH_COMPILES = st.Timeline.watch_compiles
+
+
+@pytest.fixture(autouse=True)
+def _compile_watch_off(monkeypatch) -> list:
+    """The probe's install wraps Triton's compile for the rest of the process: the tests that
+    install it get a stand-in that only records who asked; the compile tests call the real one
+    on their own class."""
+    asked: list = []
+    monkeypatch.setattr(st.Timeline, "watch_compiles", lambda self, jit_cls=None: asked.append(self))
+    return asked
 
 
 @pytest.fixture(autouse=True)
@@ -293,7 +304,8 @@ def _gc_watch_recorded(monkeypatch) -> list:
     return asked
 
 
-def test_timeline_probe_records_full_and_long_garbage_collections(tmp_path: Path, _gc_watch_recorded) -> None:
+def test_timeline_probe_records_full_and_long_garbage_collections(tmp_path: Path, _gc_watch_recorded,
+                                                                   _compile_watch_off) -> None:
     """A full collection gives a ``gc`` event (start, end, generation 2, objects collected); a
     young one that was quick gives none. Both processes' probes watch: the scheduler's install
     and the API server's."""
@@ -330,6 +342,7 @@ def test_timeline_probe_records_full_and_long_garbage_collections(tmp_path: Path
     sched_tl.install(Scheduler)
     api_tl.install_api(TokenizerManager)
     assert _gc_watch_recorded == [(sched_tl, "scheduler"), (api_tl, "api")]
+    assert _compile_watch_off == [sched_tl]  # Triton compiles: the scheduler's process only
 
 
 def test_timeline_probe_wraps_the_methods_sglangs_scheduler_has(sglang_loaded, tmp_path: Path) -> None:
@@ -1489,8 +1502,8 @@ def test_timeline_probe_records_each_triton_compile_with_its_kernel_and_caller(t
         pass
 
     tl = st.Timeline(str(tmp_path))
-    tl.watch_compiles(JIT)
-    tl.watch_compiles(JIT)
+    REAL_WATCH_COMPILES(tl, JIT)
+    REAL_WATCH_COMPILES(tl, JIT)
     kernel = JIT(my_kernel)
 
     def launch_from_sglang(key):
@@ -1511,7 +1524,7 @@ def test_timeline_probe_wraps_tritons_own_compile_when_triton_is_there(tmp_path:
     jit = pytest.importorskip("triton.runtime.jit")
     orig = jit.JITFunction._do_compile
     try:
-        st.Timeline(str(tmp_path)).watch_compiles()
+        REAL_WATCH_COMPILES(st.Timeline(str(tmp_path)))
         assert jit.JITFunction._do_compile.__wrapped__ is orig
     finally:
         jit.JITFunction._do_compile = orig
