@@ -365,6 +365,12 @@ def test_timeline_probe_wraps_the_methods_sglangs_scheduler_has(sglang_loaded, t
 
         def run_batch(self, batch):
             calls.append(("run", batch.forward_mode.name))
+            if batch.forward_mode.name == "DECODE":
+                time.sleep(0.03)  # waits: wall time, no CPU time
+            else:
+                end = time.thread_time() + 0.03
+                while time.thread_time() < end:  # host work: CPU time
+                    pass
             return "result"
 
         def process_batch_result(self, batch, result):
@@ -383,9 +389,14 @@ def test_timeline_probe_wraps_the_methods_sglangs_scheduler_has(sglang_loaded, t
     sched.run_batch(decode)
     sched.process_batch_result(prefill, "r")
     assert calls == [("in", 2), ("run", "EXTEND"), ("run", "DECODE"), ("proc", "r")]  # delegated
-    assert [e["kind"] for e in tl.events] == ["recv", "recv", "run", "run", "proc"]
-    assert tl.events[2]["rids"] == ["a", "b"] and "rids" not in tl.events[3]
-    assert [e["extend"] for e in tl.events[2:]] == [True, False, True]  # SGLang's is_extend()
+    # (The 30 ms prefill launch also gets the sampler's ``sample`` events.)
+    own = [e for e in tl.events if e["kind"] != "sample"]
+    assert [e["kind"] for e in own] == ["recv", "recv", "run", "run", "proc"]
+    assert own[2]["rids"] == ["a", "b"] and "rids" not in own[3]
+    assert [e["extend"] for e in own[2:]] == [True, False, True]  # SGLang's is_extend()
+    busy, idle = own[2], own[3]
+    assert busy["cpu_ms"] >= 30 and (busy["t1"] - busy["t"]) * 1000 >= busy["cpu_ms"] - 1
+    assert idle["cpu_ms"] < 15 and (idle["t1"] - idle["t"]) * 1000 >= 30
     tl.flush()
     events = st.load_events([str(p) for p in tmp_path.glob("timeline-*.json")])
     split = st.ttft_breakdown(events)

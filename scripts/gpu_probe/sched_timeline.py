@@ -48,6 +48,10 @@ first and waited for them.
 Optional fields of a ``run`` event, read when the host's ``run_batch`` returned (records made
 before them have none, nor ``gpu`` events):
 
+* ``cpu_ms``: the scheduler thread's CPU time inside the launch (``time.thread_time()``, from
+  2026-11-26 on). Well below the launch's wall time: the thread waited (a sync, the GIL, the
+  OS); close to it: the launch was host work (a spinning CUDA wait counts as work);
+
 * ``host_bound`` (a prefill and the launch after one): the start event had completed. The GPU
   had finished all earlier work and started this launch before the host was done launching it:
   the launch's host work set the pace. False: the GPU was still on earlier work, so a long
@@ -502,7 +506,7 @@ class Timeline:
             return orig_input(self, recv_reqs, *a, **k)
 
         def run_batch(self, batch, *a, **k):
-            t0 = time.time()
+            t0, c0 = time.time(), time.thread_time()
             fm = getattr(batch, "forward_mode", None)
             extend = bool(fm is not None and fm.is_extend())
             after_prefill = tl.last_extend
@@ -515,6 +519,7 @@ class Timeline:
             finally:
                 tl.launching, tl.last_extend = None, extend
                 ev = _interval("run", batch, t0)
+                ev["cpu_ms"] = round((time.thread_time() - c0) * 1000, 3)
                 if ev["extend"]:
                     ev["rids"] = [r.rid for r in batch.reqs]
                 tl.gpu_end(ev, gpu, result if extend else None, after_prefill)
