@@ -768,7 +768,7 @@ def server_env(env: dict[str, str], timeline_dir: Path | None) -> dict[str, str]
 
 def add_sched_breakdown(run: dict[str, Any], timeline_dir: Path, windows: dict[int, tuple[float, float]]) -> None:
     """Each cell's scheduler-side TTFT split (``sched_timeline.ttft_breakdown``) into ``run``."""
-    files = sorted(str(p) for p in timeline_dir.glob("timeline-*.json"))
+    files = sorted(str(p) for p in timeline_dir.glob("timeline-*") if sched_timeline.is_timeline_file(p.name))
     if not files:
         run["timeline_error"] = "no timeline file (the probe did not load in the scheduler)"
         return

@@ -74,11 +74,11 @@ def timelines(tar_path: Path) -> dict[str, list[dict[str, Any]]]:
     with tarfile.open(tar_path) as tar:
         for m in tar.getmembers():
             parts = Path(m.name).parts
-            if len(parts) >= 3 and parts[-3] == "timeline" and parts[-1].startswith("timeline-") and parts[-1].endswith(".json") and m.isfile():
+            if len(parts) >= 3 and parts[-3] == "timeline" and serve.sched_timeline.is_timeline_file(parts[-1]) and m.isfile():
                 f = tar.extractfile(m)
                 assert f is not None
                 try:
-                    events = json.load(io.TextIOWrapper(f)).get("events", [])
+                    events = serve.sched_timeline.read_timeline(f.read().decode(), parts[-1].endswith(".jsonl"))
                 except ValueError:  # cut off mid-write (SGLang kills its scheduler at shutdown)
                     print(f"serve_prefill_batches: {m.name}: unreadable, its run left out", file=sys.stderr)
                     broken.add(parts[-2])

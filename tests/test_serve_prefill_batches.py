@@ -425,3 +425,13 @@ def test_compiles_are_listed_per_variant_kernel_and_caller_with_the_launch_they_
     none = _tar(tmp_path / "n.tar.gz", {"timeline/stock-boot1/timeline-1.json": {"events": stock}})
     assert spb.main(["--compiles", str(record), str(none)]) == 1
     assert "no compile events" in capsys.readouterr().err
+
+
+def test_timelines_read_the_line_per_flush_files_and_leave_out_a_cut_last_line(tmp_path: Path) -> None:
+    stock = [{"kind": "recv", "t": 1.0, "rid": "a"}, {"kind": "recv", "t": 2.0, "rid": "b"}]
+    lines = (json.dumps({"events": stock[:1]}) + "\n" + json.dumps({"events": stock[1:]}) + "\n"
+             + '{"events": [{"kind": "recv", "t"').encode()
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.jsonl": lines,
+                                        "timeline/patched-boot0/timeline-2.json": {"events": [stock[0]]}})
+    by_run = spb.timelines(logs)
+    assert [e["rid"] for e in by_run["stock-boot0"]] == ["a", "b"] and len(by_run["patched-boot0"]) == 1

@@ -63,8 +63,8 @@ before them have none, nor ``gpu`` events):
   hidden behind the prefill's GPU work.
 
 Times are ``time.time()`` so the benchmark can cut the events into its cells by wall clock. The
-events go to ``timeline-<pid>.json`` in ``SMOKE_PROBE_DIR`` from a daemon thread every half
-second (SGLang SIGKILLs its scheduler at shutdown). The wrappers cost a few microseconds per
+events go to ``timeline-<pid>.jsonl`` in ``SMOKE_PROBE_DIR`` (the new ones, one line each time)
+from a daemon thread every half second (SGLang SIGKILLs its scheduler at shutdown). The wrappers cost a few microseconds per
 call (on CUDA, one or two event records more); the benchmark runs them on both sides alike.
 
 In both processes it also records Python's garbage collections that were full ones or took
@@ -274,12 +274,32 @@ def add_waits(into: dict[str, float], syncs: Iterable[dict[str, Any]]) -> dict[s
     return into
 
 
+def read_timeline(text: str, jsonl: bool) -> list[dict[str, Any]]:
+    """The events of one timeline file's text: ``timeline-<pid>.jsonl`` (one JSON line per flush;
+    a last line cut off mid-write is left out) or, records before 2026-11-26,
+    ``timeline-<pid>.json`` (one document; ``ValueError`` when it is cut off)."""
+    if not jsonl:
+        return json.loads(text).get("events", [])
+    events: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        try:
+            events.extend(json.loads(line).get("events", []))
+        except ValueError:
+            continue
+    return events
+
+
+def is_timeline_file(name: str) -> bool:
+    """``timeline-<pid>.json`` (records before 2026-11-26) or ``timeline-<pid>.jsonl``."""
+    return name.startswith("timeline-") and name.endswith((".json", ".jsonl"))
+
+
 def load_events(paths: Iterable[str]) -> list[dict[str, Any]]:
-    """The events of every timeline file (one per scheduler process), in time order."""
+    """The events of every timeline file (one per process), in time order."""
     events: list[dict[str, Any]] = []
     for path in paths:
         with open(path) as f:
-            events.extend(json.load(f).get("events", []))
+            events.extend(read_timeline(f.read(), path.endswith(".jsonl")))
     events.sort(key=lambda e: e["t"])
     return events
 
@@ -329,6 +349,7 @@ class Timeline:
         self.installed = False
         self.errors: list[str] = []
         self.written = -1
+        self.errors_written = 0
         self.lock = threading.Lock()
         # What the scheduler thread is launching now: None, "prefill" or "next" (the batch
         # right after a prefill); read by the sampler thread.
@@ -714,18 +735,25 @@ class Timeline:
             self.flush()
 
     def flush(self) -> None:
+        """Appends the events (and errors) added since the last flush to ``timeline-<pid>.jsonl``
+        as one JSON line. Until 2026-11-26 every flush rewrote the whole list with ``json.dump``
+        (pure Python, GIL held): at concurrency 45-48 the scheduler thread then stalled 100-160
+        ms every 0.6 s, on both sides, in every ``--timeline`` record before (h200x2-tf-2026-11-26).
+        One line of new events goes through the C encoder in about a millisecond. A line cut off
+        by SGLang's SIGKILL is left out when read (``load_events``)."""
         with self.lock:
             n = len(self.events)
             if n == self.written:
                 return
-            doc = {"pid": os.getpid(), "errors": self.errors, "events": self.events[:n]}
-            path = os.path.join(self.out_dir, f"timeline-{os.getpid()}.json")
+            errors = self.errors[self.errors_written:]
+            line = json.dumps({"pid": os.getpid(), "errors": errors, "events": self.events[max(self.written, 0):n]})
+            path = os.path.join(self.out_dir, f"timeline-{os.getpid()}.jsonl")
             try:
                 os.makedirs(self.out_dir, exist_ok=True)
-                with open(path + ".tmp", "w") as f:
-                    json.dump(doc, f)
-                os.replace(path + ".tmp", path)
+                with open(path, "a") as f:
+                    f.write(line + "\n")
                 self.written = n
+                self.errors_written += len(errors)
             except OSError:
                 pass
 
