@@ -1565,3 +1565,26 @@ def test_timeline_flush_appends_only_the_new_events_and_a_cut_line_is_left_out(t
     old.write_text(json.dumps({"pid": 7, "errors": [], "events": [{"kind": "recv", "t": 0.5, "rid": "z"}]}))
     assert [e["rid"] for e in st.load_events([str(path), str(old)])] == ["z", "a", "b", "c"]
     assert st.is_timeline_file(path.name) and st.is_timeline_file(old.name) and not st.is_timeline_file("probe-1.json")
+
+
+def test_serve_bench_script_leaves_four_files_per_run(tmp_path: Path) -> None:
+    """A device call brings back eight files: run_serve_bench.sh packs its setup log with the
+    server logs, so two runs fit in one call (triton6 of h200x2-tf-2026-11-26 lost its logs)."""
+    import subprocess
+    import tarfile
+
+    script = (SCRIPTS / "gpu" / "run_serve_bench.sh").read_text()
+    start = script.index('(cd "$OUT" && tar czf serve-logs.tar.gz')
+    archive = script[start:script.index("\nexit $rc", start)]
+    out = tmp_path / "out"
+    for d in ("logs", "bench", "timeline", "models"):
+        (out / d).mkdir(parents=True)
+        (out / d / "x").write_text(d)
+    for f in ("setup.log", "serve-bench.json", "serve-bench.md", "serve-bench.svg"):
+        (out / f).write_text(f)
+    subprocess.run(["bash", "-c", archive], env={**os.environ, "OUT": str(out)}, check=True)
+    assert sorted(p.name for p in out.iterdir()) == ["serve-bench.json", "serve-bench.md", "serve-bench.svg",
+                                                     "serve-logs.tar.gz"]
+    with tarfile.open(out / "serve-logs.tar.gz") as tar:
+        names = tar.getnames()
+    assert "setup.log" in names and "timeline/x" in names and "logs/x" in names and "bench/x" in names

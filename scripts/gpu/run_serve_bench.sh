@@ -31,8 +31,8 @@
 #       --concurrency 1,8,32 --budget 500
 #   (--variants stock,patched,patched-mla-mirror: three servers, ~8-9 min, if boots turn out short)
 #
-# Results under ${OUT:-./gpu-out}: serve-bench.json, serve-bench.md, serve-logs.tar.gz (logs/, bench/, and
-# timeline/ with --timeline). Join the
+# Results under ${OUT:-./gpu-out}: serve-bench.json, serve-bench.md, serve-bench.svg and
+# serve-logs.tar.gz (setup.log, logs/, bench/, and timeline/ with --timeline). Join the
 # records of several calls on your machine:
 #   python3 scripts/gpu_serve_bench.py --merge a/serve-bench.json b/serve-bench.json > results/serve-bench/README.md
 set -uo pipefail
@@ -51,6 +51,8 @@ gpu_install_plugin "${SERVE_SKIP_INSTALL:-0}" > "$OUT/setup.log" 2>&1 || { cat "
 
 python3 scripts/gpu_serve_bench.py --out "$OUT" "$@"
 rc=$?
-# One archive for the server logs and bench_serving's JSONL files (fewer files to bring back).
-(cd "$OUT" && tar czf serve-logs.tar.gz logs bench $(test -d timeline && echo timeline) 2>/dev/null && rm -rf logs bench timeline models)
+# One archive for the setup log, the server logs and bench_serving's JSONL files: four files per
+# run (a device call brings back eight, so two runs fit in one call).
+(cd "$OUT" && tar czf serve-logs.tar.gz setup.log logs bench $(test -d timeline && echo timeline) 2>/dev/null \
+    && rm -rf setup.log logs bench timeline models)
 exit $rc
