@@ -237,14 +237,15 @@ def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict
     calls of 0.3 ms or more, ``sched_timeline.SYNC_MIN_S``) by site, the waits between its end
     and the next launch, and the time to the next launch's start. ``first``: each decode launch
     right after a prefill, with its waits and ``exposed``, below. ``prefill``: (requests, launch
-    time) per prefill. ``to_result``: per prefill, its launch's end -> the start of its result's
-    processing, the launches in between (in the overlap loop, at least the next one) and whether
-    the next launch is another prefill. ``compiled``: launches left out because Triton compiled
-    (or first loaded) a kernel during them (``COMPILING``; a prefill's to_result also when a
-    launch in between did): they come from the first use of a shape, not from either side's
-    code, and take up to hundreds of ms. The probe samples only prefills and the launch after
-    one, so a steady decode is never left out (about 1% of them take over 30 ms, too few to move
-    a median).
+    time, scheduler-thread CPU time or None) per prefill. ``to_result``: per prefill, its
+    launch's end -> the start of its result's processing, the launches in between (in the
+    overlap loop, at least the next one) and whether the next launch is another prefill.
+    ``compiled``: launches left out because Triton compiled (or first loaded) a kernel during
+    them (a ``compile`` event inside, or a ``COMPILING`` stack sample; a prefill's to_result also
+    when a launch in between did): they take up to hundreds of ms at the first use of a
+    specialization. The probe samples only prefills and the launch after one, so before
+    ``compile`` events (2026-11-26) a steady decode was never left out; with them, a steady
+    decode that compiled is left out too. Steady decodes also keep their CPU time (``cpu``).
 
     ``exposed``, a proxy: the prefill's result processing (after the first decode's launch)
     recorded no host wait. Then the prefill's GPU work had finished by the time the host got to
@@ -257,14 +258,19 @@ def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict
     procs = [e for e in events if e["kind"] == "proc"]
     syncs = [e for e in events if e["kind"] == "sync"]
     samples = [e for e in events if e["kind"] == "sample"]
-    sync_t, sample_t = [e["t"] for e in syncs], [e["t"] for e in samples]
+    compiles = [e for e in events if e["kind"] == "compile"]
+    sync_t, sample_t, compile_t = [e["t"] for e in syncs], [e["t"] for e in samples], [e["t"] for e in compiles]
     result = _results(runs, procs)
 
     def waits(t0: float, t1: float) -> dict[str, float]:
         return serve.sched_timeline.add_waits({}, _within(syncs, sync_t, t0, t1))
 
     def compiled(run: dict[str, Any]) -> bool:
-        return any(COMPILING.match(f) for e in _within(samples, sample_t, run["t"], run["t1"]) for f in e["stack"])
+        return bool(_within(compiles, compile_t, run["t"], run["t1"])) or any(
+            COMPILING.match(f) for e in _within(samples, sample_t, run["t"], run["t1"]) for f in e["stack"])
+
+    def cpu(run: dict[str, Any]) -> float | None:
+        return None if run.get("cpu_ms") is None else run["cpu_ms"] / 1e3
 
     out: dict[str, Any] = {"steady": [], "first": [], "prefill": [], "to_result": [],
                            "compiled": {"first": 0, "prefill": 0}}
@@ -276,7 +282,7 @@ def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict
             if compiled(run):
                 out["compiled"]["prefill"] += 1
                 continue
-            out["prefill"].append((run["bs"], run["t1"] - run["t"]))
+            out["prefill"].append((run["bs"], run["t1"] - run["t"], cpu(run)))
             proc = result.get(i)
             between = [] if proc is None else list(itertools.takewhile(lambda r: r["t"] < proc["t"], runs[i + 1:]))
             if proc is not None and not any(compiled(r) for r in between):
@@ -290,7 +296,9 @@ def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict
             out["first"].append({"launch": run["t1"] - run["t"], "waits": waits(run["t"], run["t1"]),
                                  "exposed": None if proc is None else not waits(proc["t"], proc["t1"])})
         elif run["mode"] == "DECODE" and i > 0:
-            out["steady"].append({"launch": run["t1"] - run["t"], "waits": waits(run["t"], run["t1"]),
+            if compiled(run):  # a compile event (timelines from 2026-11-26 on): not steady
+                continue
+            out["steady"].append({"launch": run["t1"] - run["t"], "cpu": cpu(run), "waits": waits(run["t"], run["t1"]),
                                   "between": None if nxt is None else waits(run["t1"], nxt["t"]),
                                   "period": None if nxt is None else nxt["t"] - run["t"]})
     return out
@@ -323,15 +331,17 @@ def summarise(parts: list[dict[str, Any]]) -> dict[str, Any]:
     known = [x["exposed"] for x in first if x["exposed"] is not None]
     to_result = [x for p in parts for x in p["to_result"]]
     return {
-        "steady": {"launches": len(steady), "launch_ms": _ms([x["launch"] for x in steady]), **_wait_figures(steady, "waits"),
+        "steady": {"launches": len(steady), "launch_ms": _ms([x["launch"] for x in steady]),
+                   "cpu_ms": _ms([x["cpu"] for x in steady if x.get("cpu") is not None]), **_wait_figures(steady, "waits"),
                    "net_ms": _ms([x["launch"] - sum(x["waits"].values()) for x in steady]),
                    **_wait_figures(steady, "between"), "period_ms": _ms([x["period"] for x in steady if x["period"] is not None])},
         "first": {"launches": len(first), "compiled": sum(p["compiled"]["first"] for p in parts),
                   "launch_ms": _ms([x["launch"] for x in first]), **_wait_figures(first, "waits"),
                   "net_ms": _ms([x["launch"] - sum(x["waits"].values()) for x in first]),
                   "exposed": sum(known), "exposed_of": len(known)},
-        "prefill": {label: {"launches": len(d), "launch_ms": _ms(d)}
-                    for lo, hi, label in PREFILL_BUCKETS for d in [[s for bs, s in prefill if lo <= bs <= hi]]},
+        "prefill": {label: {"launches": len(d), "launch_ms": _ms([s for s, _ in d]),
+                            "cpu_ms": _ms([c for _, c in d if c is not None])}
+                    for lo, hi, label in PREFILL_BUCKETS for d in [[(s, c) for bs, s, c in prefill if lo <= bs <= hi]]},
         "prefill_compiled": sum(p["compiled"]["prefill"] for p in parts),
         "to_result_ms": _ms([x["gap"] for x in to_result]),
         "to_result_launches_ms": _ms([x["launches"] for x in to_result]),
@@ -521,6 +531,13 @@ def _site(site: str | None, ms: float | None) -> str:
     return "-" if site is None else f"{site} ({ms:.2f})"
 
 
+def _cpu(figures: dict[str, Any]) -> str:
+    """A launch time, with the scheduler thread's CPU time in it where the timeline has it
+    (``cpu_ms`` of ``run`` events, from 2026-11-26 on): ``22.06 (cpu 20.10)``."""
+    cpu = figures.get("cpu_ms")
+    return _cell(figures["launch_ms"]) + ("" if cpu is None else f" (cpu {cpu:.2f})")
+
+
 def launch_tables(rows: list[dict[str, Any]]) -> str:
     """The ``launch_split`` rows as three tables: steady decodes, the first decode after a
     prefill, prefills by size."""
@@ -535,14 +552,14 @@ def launch_tables(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         head = f"| {r['concurrency']} | {r['variant']} "
         s, f = r["steady"], r["first"]
-        steady.append(head + f"| {len(r['runs'])} | {s['launches']} | {_cell(s['launch_ms'])} | {_cell(s['waits_ms'])} "
+        steady.append(head + f"| {len(r['runs'])} | {s['launches']} | {_cpu(s)} | {_cell(s['waits_ms'])} "
                       f"| {_cell(s['net_ms'])} | {_site(s['waits_top'], s['waits_top_ms_per_launch'])} "
                       f"| {_cell(s['between_ms'])} | {_site(s['between_top'], s['between_top_ms_per_launch'])} "
                       f"| {_cell(s['period_ms'])} |")
         first.append(head + f"| {f['launches']} ({f['compiled']}) | {_cell(f['launch_ms'])} | {_cell(f['waits_ms'])} "
                      f"| {_cell(f['net_ms'])} | {_site(f['waits_top'], f['waits_top_ms_per_launch'])} "
                      f"| {f['exposed']} / {f['exposed_of']} |")
-        prefill.append(head + "| " + " | ".join(f"{b['launches']}, {_cell(b['launch_ms'])}" for b in r["prefill"].values())
+        prefill.append(head + "| " + " | ".join(f"{b['launches']}, {_cpu(b)}" for b in r["prefill"].values())
                        + f" | {r['prefill_compiled']} | {_cell(r['to_result_ms'])} | {_cell(r['to_result_launches_ms'])} "
                        f"| {r['next_is_prefill']} / {r['to_result_prefills']} |")
     return "\n".join(steady) + "\n\n" + "\n".join(first) + "\n\n" + "\n".join(prefill)

@@ -164,7 +164,7 @@ def test_launch_parts_split_steady_and_first_decodes_prefills_and_the_way_to_the
     assert [(ms(x["launch"]), {k: ms(v) for k, v in x["waits"].items()}, x["exposed"]) for x in parts["first"]] == [
         (6, {}, False), (5, {"synchronize @ x": 1}, True)]
     assert parts["compiled"] == {"first": 1, "prefill": 0}
-    assert [(bs, ms(s)) for bs, s in parts["prefill"]] == [(5, 25), (2, 20), (20, 30), (9, 20)]
+    assert [(bs, ms(s), c) for bs, s, c in parts["prefill"]] == [(5, 25, None), (2, 20, None), (20, 30, None), (9, 20, None)]
     # the prefill of 9 is left out: the launch before its result compiled
     assert [(ms(x["gap"]), ms(x["launches"]), x["next_prefill"]) for x in parts["to_result"]] == [
         (10, 6, False), (32, 30, True), (8, 5, False)]
@@ -172,16 +172,19 @@ def test_launch_parts_split_steady_and_first_decodes_prefills_and_the_way_to_the
 
 def test_summarise_pools_servers_into_medians() -> None:
     s = spb.summarise([spb.launch_parts(_overlap_loop(), _ms(5), _ms(250))])
-    assert s["steady"] == {"launches": 2, "launch_ms": 5.0, "waits_ms": 1.25, "waits_top": "synchronize @ relay",
+    assert s["steady"] == {"launches": 2, "launch_ms": 5.0, "cpu_ms": None, "waits_ms": 1.25, "waits_top": "synchronize @ relay",
                            "waits_top_ms_per_launch": 1.0, "net_ms": 3.75, "between_ms": 1.5,
                            "between_top": "synchronize @ verify", "between_top_ms_per_launch": 1.5, "period_ms": 10.0}
     assert s["first"] == {"launches": 2, "compiled": 1, "launch_ms": 5.5, "waits_ms": 0.5, "waits_top": "synchronize @ x",
                           "waits_top_ms_per_launch": 0.5, "net_ms": 5.0, "exposed": 1, "exposed_of": 2}
-    assert s["prefill"] == {"1-3": {"launches": 1, "launch_ms": 20.0}, "4-8": {"launches": 1, "launch_ms": 25.0},
-                            "9-16": {"launches": 1, "launch_ms": 20.0}, "17+": {"launches": 1, "launch_ms": 30.0}}
+    assert s["prefill"] == {"1-3": {"launches": 1, "launch_ms": 20.0, "cpu_ms": None},
+                            "4-8": {"launches": 1, "launch_ms": 25.0, "cpu_ms": None},
+                            "9-16": {"launches": 1, "launch_ms": 20.0, "cpu_ms": None},
+                            "17+": {"launches": 1, "launch_ms": 30.0, "cpu_ms": None}}
     assert (s["to_result_ms"], s["to_result_launches_ms"], s["next_is_prefill"], s["to_result_prefills"]) == (10.0, 6.0, 1, 3)
     edges = {"steady": [], "first": [], "to_result": [], "compiled": {"first": 0, "prefill": 2},
-             "prefill": [(3, 0.01), (4, 0.02), (8, 0.04), (9, 0.03), (16, 0.05), (17, 0.06)]}
+             "prefill": [(3, 0.01, None), (4, 0.02, None), (8, 0.04, None), (9, 0.03, None), (16, 0.05, None),
+                         (17, 0.06, None)]}
     b = spb.summarise([edges, edges])
     assert {k: v["launches"] for k, v in b["prefill"].items()} == {"1-3": 2, "4-8": 4, "9-16": 4, "17+": 2}
     assert b["prefill"]["4-8"]["launch_ms"] == 30.0 and b["prefill_compiled"] == 4
@@ -435,3 +438,27 @@ def test_timelines_read_the_line_per_flush_files_and_leave_out_a_cut_last_line(t
                                         "timeline/patched-boot0/timeline-2.json": {"events": [stock[0]]}})
     by_run = spb.timelines(logs)
     assert [e["rid"] for e in by_run["stock-boot0"]] == ["a", "b"] and len(by_run["patched-boot0"]) == 1
+
+
+def test_launches_keep_the_scheduler_threads_cpu_time_and_leave_out_launches_that_compiled(capsys) -> None:
+    """Timelines from 2026-11-26 on: ``run`` events carry ``cpu_ms`` (host work against waiting
+    in a long launch) and ``compile`` events mark a Triton compile inside any launch, a steady
+    decode too (the stack sampler never looks at those)."""
+    D, P = "DECODE", "EXTEND"
+    ev = [dict(_run(0, 20, P, 2), cpu_ms=18.0), _proc(20, 21, D, 4),
+          dict(_run(22, 28, D, 4), cpu_ms=2.0), _proc(28, 29, P, 2),  # first decode after the prefill
+          dict(_run(30, 36, D, 4), cpu_ms=5.0), _proc(36, 37, D, 4),  # steady
+          dict(_run(40, 440, D, 4), cpu_ms=390.0),  # steady, but Triton compiled in it
+          {"kind": "compile", "t": _ms(41), "t1": _ms(439), "kernel": "k", "key": "", "where": []},
+          _proc(441, 442, D, 4), dict(_run(443, 449, D, 4), cpu_ms=3.0), _proc(449, 450, D, 4)]
+    parts = spb.launch_parts(ev, 0, 1)
+    assert [round(x["launch"] * 1e3, 6) for x in parts["steady"]] == [6, 6]  # the 400 ms one left out
+    assert [round(x["cpu"] * 1e3, 6) for x in parts["steady"]] == [5, 3]
+    assert [(bs, round(s * 1e3, 6), round(c * 1e3, 6)) for bs, s, c in parts["prefill"]] == [(2, 20, 18)]
+    s = spb.summarise([parts])
+    assert s["steady"]["cpu_ms"] == 4.0 and s["prefill"]["1-3"]["cpu_ms"] == 18.0
+    table = spb.launch_tables([{"concurrency": 4, "variant": "stock", "runs": ["x"], **s}])
+    assert "| 1 | 2 | 6.00 (cpu 4.00) |" in table  # steady: servers, launches, launch (cpu)
+    assert "| 1, 20.00 (cpu 18.00) |" in table  # prefills of 1-3
+    assert "(cpu" not in spb.launch_tables([{"concurrency": 4, "variant": "stock", "runs": ["x"],
+                                             **spb.summarise([spb.launch_parts(_overlap_loop(), _ms(5), _ms(250))])}])
