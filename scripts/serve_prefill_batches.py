@@ -565,6 +565,72 @@ def launch_tables(rows: list[dict[str, Any]]) -> str:
     return "\n".join(steady) + "\n\n" + "\n".join(first) + "\n\n" + "\n".join(prefill)
 
 
+#: ``--frames``: how many leaf frames per concurrency (largest differences from stock first).
+FRAMES_SHOWN = 12
+
+
+def steady_frames(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """Per concurrency and variant, over the measured window of every cell (as ``launch_split``):
+    the sampled steady decode launches (``run`` events with ``sampled``, timelines from
+    2026-11-26 on, one steady decode in ``sched_timeline.STEADY_SAMPLE_EVERY``), their median
+    launch and CPU time, and the stack samples' time per launch by leaf frame (file and function,
+    line numbers dropped): where a decode launch's host time goes."""
+    pooled: dict[tuple[int, str], dict[str, Any]] = {}
+    for record, by_run in pairs:
+        for run, events, cells in split_cells(record, by_run):
+            starts = [(warm or measured)[0]["t"] for _, warm, measured in cells]
+            samples = [e for e in events if e["kind"] == "sample" and e.get("phase") == "steady"]
+            sample_t = [e["t"] for e in samples]
+            for k, (c, _, measured) in enumerate(cells):
+                if not measured:
+                    continue
+                t_lo, t_hi = measured[0]["t"], starts[k + 1] if k + 1 < len(starts) else float("inf")
+                acc = pooled.setdefault((int(c), run["variant"]), {"launch": [], "cpu": [], "frames": {}})
+                for r in events:
+                    if r["kind"] != "run" or not r.get("sampled") or not t_lo <= r["t"] < t_hi:
+                        continue
+                    acc["launch"].append(r["t1"] - r["t"])
+                    if r.get("cpu_ms") is not None:
+                        acc["cpu"].append(r["cpu_ms"] / 1e3)
+                    for e in _within(samples, sample_t, r["t"], r["t1"]):
+                        leaf = re.sub(r":\d+ ", " ", e["stack"][0]) if e["stack"] else "?"
+                        acc["frames"][leaf] = acc["frames"].get(leaf, 0.0) + e.get("dt", 1e-3)
+    rows = []
+    for (c, v), acc in sorted(pooled.items(), key=lambda kv: (kv[0][0], kv[0][1] != "stock", kv[0][1])):
+        n = len(acc["launch"])
+        if not n:
+            continue
+        rows.append({"concurrency": c, "variant": v, "launches": n, "launch_ms": _ms(acc["launch"]),
+                     "cpu_ms": _ms(acc["cpu"]),
+                     "frames_ms": {f: round(t * 1e3 / n, 3) for f, t in sorted(acc["frames"].items(), key=lambda kv: -kv[1])}})
+    return rows
+
+
+def frames_table(rows: list[dict[str, Any]]) -> str:
+    """Per concurrency, the leaf frames whose time per sampled steady decode launch differs most
+    between stock and each other variant (ms per launch, stock -> variant)."""
+    out = ["| conc | variant | sampled steady decodes (stock / this) | launch ms | cpu ms | leaf frame | stock ms | this ms |",
+           "|---|---|---|---|---|---|---|---|"]
+    by_c: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_c.setdefault(r["concurrency"], {})[r["variant"]] = r
+    for c, sides in sorted(by_c.items()):
+        st = sides.get("stock")
+        for v, r in sides.items():
+            if v == "stock":
+                continue
+            base = st["frames_ms"] if st else {}
+            frames = set(base) | set(r["frames_ms"])
+            top = sorted(frames, key=lambda f: -abs(r["frames_ms"].get(f, 0.0) - base.get(f, 0.0)))[:FRAMES_SHOWN]
+            head = (f"| {c} | {v} | {st['launches'] if st else 0} / {r['launches']} | "
+                    f"{_cell(st['launch_ms'] if st else None)} -> {_cell(r['launch_ms'])} | "
+                    f"{_cell(st['cpu_ms'] if st else None)} -> {_cell(r['cpu_ms'])} ")
+            for i, f in enumerate(top):
+                out.append((head if i == 0 else f"| {c} | {v} | | | ")
+                           + f"| {f} | {base.get(f, 0.0):.3f} | {r['frames_ms'].get(f, 0.0):.3f} |")
+    return "\n".join(out)
+
+
 def compile_rows(by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per variant, kernel and first caller: the Triton JIT compiles of the scheduler's process
     (``compile`` events, timelines from 2026-11-26 on), how many servers had them, how many and
@@ -610,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: the API server's event-loop stalls per cell, and TTFT with and without the requests they hit")
     p.add_argument("--strata", action="store_true",
                    help="instead: the API server's TTFT per request by the size of its shared prefill, both sides at equal sizes")
+    p.add_argument("--frames", action="store_true",
+                   help="instead: where sampled steady decode launches spend their host time, by leaf frame, stock beside each variant")
     p.add_argument("--compiles", action="store_true",
                    help="instead: the Triton JIT compiles in the scheduler's process, per variant, kernel and caller")
     p.add_argument("--variant", default="patched",
@@ -618,8 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant != "patched" and not args.strata:
         print("serve_prefill_batches: --variant goes with --strata", file=sys.stderr)
         return 2
-    if args.launches + args.stalls + args.strata + args.compiles > 1:
-        print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles", file=sys.stderr)
+    if args.launches + args.stalls + args.strata + args.compiles + args.frames > 1:
+        print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames", file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
         print("serve_prefill_batches: give a record and its logs, pair by pair", file=sys.stderr)
@@ -630,6 +698,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     # Read pair by pair, as the rows are made (each record's own messages follow its logs').
     pairs = ((path, json.loads(path.read_text()), timelines(logs)) for path, logs in zip(args.pairs[::2], args.pairs[1::2]))
+    if args.frames:
+        rows = steady_frames([(record, by_run) for _, record, by_run in pairs])
+        if not rows:
+            print("serve_prefill_batches: no sampled steady decodes in these logs (timelines before 2026-11-26 have none)",
+                  file=sys.stderr)
+            return 1
+        print(json.dumps({"frames": rows}, indent=1) if args.json else frames_table(rows))
+        return 0
     if args.compiles:
         rows = [row for _, _, by_run in pairs for row in compile_rows(by_run)]
         if not rows:

@@ -1588,3 +1588,52 @@ def test_serve_bench_script_leaves_four_files_per_run(tmp_path: Path) -> None:
     with tarfile.open(out / "serve-logs.tar.gz") as tar:
         names = tar.getnames()
     assert "setup.log" in names and "timeline/x" in names and "logs/x" in names and "bench/x" in names
+
+
+def test_timeline_probe_samples_one_steady_decode_in_eight(tmp_path: Path) -> None:
+    """Steady decodes (not right after a prefill) were never sampled, so a decode's host time
+    could not be split (FlashInfer at 1, h200x2-tf-2026-11-26). One in ``STEADY_SAMPLE_EVERY``
+    is now: its samples carry phase "steady" and its run event ``sampled``; the TTFT split
+    leaves them out."""
+    from types import SimpleNamespace
+
+    class Mode:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def is_extend(self) -> bool:
+            return self.name == "EXTEND"
+
+    class Scheduler:
+        def process_input_requests(self, recv_reqs): ...
+
+        def run_batch(self, batch):
+            end = time.thread_time() + 0.02
+            while time.thread_time() < end:
+                pass
+
+        def process_batch_result(self, batch, result): ...
+
+    tl = st.Timeline(str(tmp_path))
+    sched = Scheduler()
+    tl.on_run_batch(SimpleNamespace(f_locals={"self": sched}))
+    reqs = [SimpleNamespace(rid="a")]
+    sched.run_batch(SimpleNamespace(forward_mode=Mode("EXTEND"), reqs=reqs))
+    for _ in range(1 + 2 * st.STEADY_SAMPLE_EVERY):  # the first is the decode right after the prefill
+        sched.run_batch(SimpleNamespace(forward_mode=Mode("DECODE"), reqs=reqs))
+    runs = [e for e in tl.events if e["kind"] == "run"]
+    assert [i for i, r in enumerate(runs) if r.get("sampled")] == [1 + st.STEADY_SAMPLE_EVERY, 1 + 2 * st.STEADY_SAMPLE_EVERY]
+    phases = {e["phase"] for e in tl.events if e["kind"] == "sample"}
+    assert phases == {"prefill", "next", "steady"}
+    steady = [e for e in tl.events if e["kind"] == "sample" and e["phase"] == "steady"]
+    sampled = [r for r in runs if r.get("sampled")]
+    assert all(any(r["t"] <= e["t"] <= r["t1"] + 0.002 for r in sampled) for e in steady)
+    # The TTFT split reads prefill and next-launch samples only.
+    events = [{"kind": "recv", "t": 0.0, "rid": "a"},
+              {"kind": "run", "t": 1.0, "t1": 2.0, "mode": "EXTEND", "extend": True, "bs": 1, "rids": ["a"]},
+              {"kind": "run", "t": 2.0, "t1": 3.0, "mode": "DECODE", "extend": False, "bs": 1},
+              {"kind": "sample", "t": 2.5, "dt": 1e-3, "phase": "next", "stack": ["y.py:1 next_only"]},
+              {"kind": "sample", "t": 2.6, "dt": 1e-3, "phase": "steady", "stack": ["x.py:1 steady_only"]},
+              {"kind": "proc", "t": 3.0, "t1": 3.5, "mode": "EXTEND", "extend": True, "bs": 1}]
+    split = st.ttft_breakdown(events)
+    assert list(split["next_launch_samples_ms"]) == ["y.py:1 next_only"]

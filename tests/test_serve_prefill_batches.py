@@ -462,3 +462,38 @@ def test_launches_keep_the_scheduler_threads_cpu_time_and_leave_out_launches_tha
     assert "| 1, 20.00 (cpu 18.00) |" in table  # prefills of 1-3
     assert "(cpu" not in spb.launch_tables([{"concurrency": 4, "variant": "stock", "runs": ["x"],
                                              **spb.summarise([spb.launch_parts(_overlap_loop(), _ms(5), _ms(250))])}])
+
+
+def test_frames_split_sampled_steady_decodes_by_leaf_frame_stock_beside_patched(tmp_path: Path, capsys) -> None:
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 10.0, "4": 40.0}), ("patched", 0, {"2": 10.0, "4": 40.0})])))
+    cells = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
+
+    def side(extra_leaf: str | None) -> list[dict]:
+        ev = _events(cells)
+        for k in range(2):  # two sampled steady decodes in cell 4's measured window (from t = 0.05)
+            t = 0.1 + k * 0.1
+            ev.append({"kind": "run", "t": t, "t1": t + 0.010, "mode": "DECODE", "extend": False, "bs": 8,
+                       "sampled": True, "cpu_ms": 6.0})
+            ev += [{"kind": "sample", "t": t + 0.001 * (i + 1), "dt": 1e-3, "phase": "steady",
+                    "stack": ["graphs.py:139 replay", "x.py:1 y"]} for i in range(4)]
+            if extra_leaf:
+                ev += [{"kind": "sample", "t": t + 0.006 + 0.001 * i, "dt": 1e-3, "phase": "steady",
+                        "stack": [extra_leaf]} for i in range(2)]
+        ev.append({"kind": "run", "t": 0.5, "t1": 0.6, "mode": "DECODE", "extend": False, "bs": 8})  # not sampled
+        return sorted(ev, key=lambda e: e["t"])
+
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": side(None)},
+                                        "timeline/patched-boot0/timeline-2.json": {"events": side("publish_stash.py:76 publish")}})
+    assert spb.main(["--frames", "--json", str(rec), str(logs)]) == 0
+    rows = json.loads(capsys.readouterr().out)["frames"]
+    assert [(r["concurrency"], r["variant"], r["launches"], r["launch_ms"], r["cpu_ms"]) for r in rows] == [
+        (4, "stock", 2, 10.0, 6.0), (4, "patched", 2, 10.0, 6.0)]
+    assert rows[1]["frames_ms"] == {"graphs.py replay": 4.0, "publish_stash.py publish": 2.0}
+    assert spb.main(["--frames", str(rec), str(logs)]) == 0
+    table = capsys.readouterr().out
+    first = [line for line in table.splitlines() if line.startswith("| 4 | patched | 2 / 2")][0]
+    assert first.endswith("| publish_stash.py publish | 0.000 | 2.000 |")  # the largest difference first
+    old = _tar(tmp_path / "o.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events(cells)}})
+    assert spb.main(["--frames", str(rec), str(old)]) == 1
+    assert "no sampled steady decodes" in capsys.readouterr().err

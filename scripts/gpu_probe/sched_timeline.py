@@ -105,10 +105,15 @@ from typing import Any, Iterable, Sequence
 FLUSH_S = 0.5
 MAX_EVENTS = 400_000
 SYNC_MIN_S = 3e-4
-#: Stack samples of the scheduler thread, taken only while it launches a prefill or the
-#: batch right after one (``sample`` events): where a long launch spends its host time
-#: when no wrapped sync shows it (a blocking copy, a full launch queue, Python work).
+#: Stack samples of the scheduler thread, taken only while it launches a prefill, the
+#: batch right after one, or one steady decode in ``STEADY_SAMPLE_EVERY`` (``sample`` events):
+#: where a long launch spends its host time when no wrapped sync shows it (a blocking copy, a
+#: full launch queue, Python work).
 SAMPLE_S = 1e-3
+#: Every this many steady decode launches (a decode not right after a prefill), one is sampled
+#: too (``phase`` "steady", its ``run`` event ``sampled``): where a decode's host time goes
+#: when no wrapped sync shows it (``serve_prefill_batches.py --frames``).
+STEADY_SAMPLE_EVERY = 8
 SAMPLE_DEPTH = 3
 #: Triton JIT compiles (``compile`` events): how many callers outside Triton each names, and
 #: how much of its specialization key it keeps.
@@ -201,7 +206,7 @@ def ttft_breakdown(events: Sequence[dict[str, Any]], t_lo: float = float("-inf")
     # Stack samples by phase: where the host was during those launches (ms per prefill).
     sampled: dict[str, dict[str, float]] = {"launch_samples_ms": {}, "next_launch_samples_ms": {}}
     for e in events:
-        if e["kind"] == "sample" and t_lo <= e["t"] < t_hi:
+        if e["kind"] == "sample" and t_lo <= e["t"] < t_hi and e["phase"] != "steady":
             into = sampled["launch_samples_ms" if e["phase"] == "prefill" else "next_launch_samples_ms"]
             key = " < ".join(e["stack"])
             into[key] = into.get(key, 0.0) + e.get("dt", SAMPLE_S)
@@ -354,6 +359,7 @@ class Timeline:
         # What the scheduler thread is launching now: None, "prefill" or "next" (the batch
         # right after a prefill); read by the sampler thread.
         self.launching: str | None = None
+        self.steady_seen = 0
         self.last_extend = False
         self.lag_started = False
         # GPU timing (scheduler thread only): the previous launch's end event, the previous
@@ -531,7 +537,11 @@ class Timeline:
             fm = getattr(batch, "forward_mode", None)
             extend = bool(fm is not None and fm.is_extend())
             after_prefill = tl.last_extend
-            tl.launching = "prefill" if extend else ("next" if after_prefill else None)
+            steady = not extend and not after_prefill and getattr(fm, "name", None) == "DECODE"
+            if steady:
+                tl.steady_seen += 1
+            sample_steady = steady and tl.steady_seen % STEADY_SAMPLE_EVERY == 0
+            tl.launching = "prefill" if extend else ("next" if after_prefill else ("steady" if sample_steady else None))
             gpu = tl.gpu_start(self, batch, timed=extend or after_prefill)
             result = None
             try:
@@ -541,6 +551,8 @@ class Timeline:
                 tl.launching, tl.last_extend = None, extend
                 ev = _interval("run", batch, t0)
                 ev["cpu_ms"] = round((time.thread_time() - c0) * 1000, 3)
+                if sample_steady:
+                    ev["sampled"] = True
                 if ev["extend"]:
                     ev["rids"] = [r.rid for r in batch.reqs]
                 tl.gpu_end(ev, gpu, result if extend else None, after_prefill)
