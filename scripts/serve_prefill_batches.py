@@ -698,21 +698,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     # Read pair by pair, as the rows are made (each record's own messages follow its logs').
     pairs = ((path, json.loads(path.read_text()), timelines(logs)) for path, logs in zip(args.pairs[::2], args.pairs[1::2]))
-    if args.frames:
-        rows = steady_frames([(record, by_run) for _, record, by_run in pairs])
+    if args.frames or args.compiles:
+        # Fields only timelines from 2026-11-26 on have.
+        key, rows, table_of, missing = (
+            ("frames", steady_frames([(record, by_run) for _, record, by_run in pairs]), frames_table,
+             "sampled steady decodes") if args.frames else
+            ("compiles", [row for _, _, by_run in pairs for row in compile_rows(by_run)], compile_table,
+             "compile events"))
         if not rows:
-            print("serve_prefill_batches: no sampled steady decodes in these logs (timelines before 2026-11-26 have none)",
+            print(f"serve_prefill_batches: no {missing} in these logs (timelines before 2026-11-26 have none)",
                   file=sys.stderr)
             return 1
-        print(json.dumps({"frames": rows}, indent=1) if args.json else frames_table(rows))
-        return 0
-    if args.compiles:
-        rows = [row for _, _, by_run in pairs for row in compile_rows(by_run)]
-        if not rows:
-            print("serve_prefill_batches: no compile events in these logs (timelines before 2026-11-26 have none)",
-                  file=sys.stderr)
-            return 1
-        print(json.dumps({"compiles": rows}, indent=1) if args.json else compile_table(rows))
+        print(json.dumps({key: rows}, indent=1) if args.json else table_of(rows))
         return 0
     if args.launches:
         rows = launch_split([(str(path.parent), record, by_run) for path, record, by_run in pairs])
