@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
-import io
 import itertools
 import json
 import re
@@ -49,7 +48,7 @@ import statistics
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -78,7 +77,7 @@ def timelines(tar_path: Path) -> dict[str, list[dict[str, Any]]]:
                 f = tar.extractfile(m)
                 assert f is not None
                 try:
-                    events = serve.sched_timeline.read_timeline(f.read().decode(), parts[-1].endswith(".jsonl"))
+                    events = serve.sched_timeline.read_timeline(f.read().decode(), parts[-1])
                 except ValueError:  # cut off mid-write (SGLang kills its scheduler at shutdown)
                     print(f"serve_prefill_batches: {m.name}: unreadable, its run left out", file=sys.stderr)
                     broken.add(parts[-2])
@@ -349,21 +348,28 @@ def summarise(parts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def measured_windows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]
+                     ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]], int, float, float]]:
+    """Per run of the record with a timeline (``split_cells``) and per cell with measured
+    requests: the run, its events, the concurrency and the cell's measured window, first measured
+    arrival -> the next cell's first arrival (the warm-up is left out)."""
+    for run, events, cells in split_cells(record, by_run):
+        starts = [(warm or measured)[0]["t"] for _, warm, measured in cells]
+        for k, (c, _, measured) in enumerate(cells):
+            if measured:
+                yield run, events, int(c), measured[0]["t"], starts[k + 1] if k + 1 < len(starts) else float("inf")
+
+
 def launch_split(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
     """Per concurrency and variant over every (label, record, timelines) pair: the servers pooled
     (``runs``: record label, variant, boot) and ``summarise`` of their measured requests' window
-    (first measured arrival -> the next cell's first arrival: the warm-up is left out)."""
+    (``measured_windows``)."""
     pooled: dict[tuple[int, str], tuple[list[str], list[dict[str, Any]]]] = {}
     for label, record, by_run in pairs:
-        for run, events, cells in split_cells(record, by_run):
-            starts = [(warm or measured)[0]["t"] for _, warm, measured in cells]
-            for k, (c, _, measured) in enumerate(cells):
-                if not measured:
-                    continue
-                t_hi = starts[k + 1] if k + 1 < len(starts) else float("inf")
-                names, parts = pooled.setdefault((int(c), run["variant"]), ([], []))
-                names.append(f"{label} {run['variant']} {run['boot']}")
-                parts.append(launch_parts(events, measured[0]["t"], t_hi))
+        for run, events, c, t_lo, t_hi in measured_windows(record, by_run):
+            names, parts = pooled.setdefault((c, run["variant"]), ([], []))
+            names.append(f"{label} {run['variant']} {run['boot']}")
+            parts.append(launch_parts(events, t_lo, t_hi))
     return [{"concurrency": c, "variant": v, "runs": names, **summarise(parts)}
             for (c, v), (names, parts) in sorted(pooled.items(), key=lambda kv: (kv[0][0], kv[0][1] != "stock", kv[0][1]))]
 
@@ -577,24 +583,19 @@ def steady_frames(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any
     line numbers dropped): where a decode launch's host time goes."""
     pooled: dict[tuple[int, str], dict[str, Any]] = {}
     for record, by_run in pairs:
-        for run, events, cells in split_cells(record, by_run):
-            starts = [(warm or measured)[0]["t"] for _, warm, measured in cells]
+        for run, events, c, t_lo, t_hi in measured_windows(record, by_run):
             samples = [e for e in events if e["kind"] == "sample" and e.get("phase") == "steady"]
             sample_t = [e["t"] for e in samples]
-            for k, (c, _, measured) in enumerate(cells):
-                if not measured:
+            acc = pooled.setdefault((c, run["variant"]), {"launch": [], "cpu": [], "frames": {}})
+            for r in events:
+                if r["kind"] != "run" or not r.get("sampled") or not t_lo <= r["t"] < t_hi:
                     continue
-                t_lo, t_hi = measured[0]["t"], starts[k + 1] if k + 1 < len(starts) else float("inf")
-                acc = pooled.setdefault((int(c), run["variant"]), {"launch": [], "cpu": [], "frames": {}})
-                for r in events:
-                    if r["kind"] != "run" or not r.get("sampled") or not t_lo <= r["t"] < t_hi:
-                        continue
-                    acc["launch"].append(r["t1"] - r["t"])
-                    if r.get("cpu_ms") is not None:
-                        acc["cpu"].append(r["cpu_ms"] / 1e3)
-                    for e in _within(samples, sample_t, r["t"], r["t1"]):
-                        leaf = re.sub(r":\d+ ", " ", e["stack"][0]) if e["stack"] else "?"
-                        acc["frames"][leaf] = acc["frames"].get(leaf, 0.0) + e.get("dt", 1e-3)
+                acc["launch"].append(r["t1"] - r["t"])
+                if r.get("cpu_ms") is not None:
+                    acc["cpu"].append(r["cpu_ms"] / 1e3)
+                for e in _within(samples, sample_t, r["t"], r["t1"]):
+                    leaf = re.sub(r":\d+ ", " ", e["stack"][0]) if e["stack"] else "?"
+                    acc["frames"][leaf] = acc["frames"].get(leaf, 0.0) + e.get("dt", 1e-3)
     rows = []
     for (c, v), acc in sorted(pooled.items(), key=lambda kv: (kv[0][0], kv[0][1] != "stock", kv[0][1])):
         n = len(acc["launch"])
@@ -700,11 +701,12 @@ def main(argv: list[str] | None = None) -> int:
     pairs = ((path, json.loads(path.read_text()), timelines(logs)) for path, logs in zip(args.pairs[::2], args.pairs[1::2]))
     if args.frames or args.compiles:
         # Fields only timelines from 2026-11-26 on have.
-        key, rows, table_of, missing = (
-            ("frames", steady_frames([(record, by_run) for _, record, by_run in pairs]), frames_table,
-             "sampled steady decodes") if args.frames else
-            ("compiles", [row for _, _, by_run in pairs for row in compile_rows(by_run)], compile_table,
-             "compile events"))
+        if args.frames:
+            key, table_of, missing = "frames", frames_table, "sampled steady decodes"
+            rows = steady_frames([(record, by_run) for _, record, by_run in pairs])
+        else:
+            key, table_of, missing = "compiles", compile_table, "compile events"
+            rows = [row for _, _, by_run in pairs for row in compile_rows(by_run)]
         if not rows:
             print(f"serve_prefill_batches: no {missing} in these logs (timelines before 2026-11-26 have none)",
                   file=sys.stderr)

@@ -64,8 +64,9 @@ before them have none, nor ``gpu`` events):
 
 Times are ``time.time()`` so the benchmark can cut the events into its cells by wall clock. The
 events go to ``timeline-<pid>.jsonl`` in ``SMOKE_PROBE_DIR`` (the new ones, one line each time)
-from a daemon thread every half second (SGLang SIGKILLs its scheduler at shutdown). The wrappers cost a few microseconds per
-call (on CUDA, one or two event records more); the benchmark runs them on both sides alike.
+from a daemon thread every half second (SGLang SIGKILLs its scheduler at shutdown). The
+wrappers cost a few microseconds per call (on CUDA, one or two event records more); the
+benchmark runs them on both sides alike.
 
 In both processes it also records Python's garbage collections that were full ones or took
 ``GC_MIN_S`` or longer (``gc`` events): a collection pauses the whole process. In the
@@ -279,11 +280,11 @@ def add_waits(into: dict[str, float], syncs: Iterable[dict[str, Any]]) -> dict[s
     return into
 
 
-def read_timeline(text: str, jsonl: bool) -> list[dict[str, Any]]:
-    """The events of one timeline file's text: ``timeline-<pid>.jsonl`` (one JSON line per flush;
-    a last line cut off mid-write is left out) or, records before 2026-11-26,
+def read_timeline(text: str, name: str) -> list[dict[str, Any]]:
+    """The events of the text of the timeline file ``name``: ``timeline-<pid>.jsonl`` (one JSON
+    line per flush; a last line cut off mid-write is left out) or, records before 2026-11-26,
     ``timeline-<pid>.json`` (one document; ``ValueError`` when it is cut off)."""
-    if not jsonl:
+    if not name.endswith(".jsonl"):
         return json.loads(text).get("events", [])
     events: list[dict[str, Any]] = []
     for line in text.splitlines():
@@ -304,7 +305,7 @@ def load_events(paths: Iterable[str]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for path in paths:
         with open(path) as f:
-            events.extend(read_timeline(f.read(), path.endswith(".jsonl")))
+            events.extend(read_timeline(f.read(), path))
     events.sort(key=lambda e: e["t"])
     return events
 
@@ -356,8 +357,9 @@ class Timeline:
         self.written = -1
         self.errors_written = 0
         self.lock = threading.Lock()
-        # What the scheduler thread is launching now: None, "prefill" or "next" (the batch
-        # right after a prefill); read by the sampler thread.
+        # What the scheduler thread is launching now, when sampled: None, "prefill", "next"
+        # (the batch right after a prefill) or "steady" (one steady decode in
+        # STEADY_SAMPLE_EVERY, counted by steady_seen); read by the sampler thread.
         self.launching: str | None = None
         self.steady_seen = 0
         self.last_extend = False
