@@ -192,6 +192,111 @@ def placements(variants: Sequence[str], boot: int, gpus: Sequence[str]) -> list[
             for wave in waves]
 
 
+def parse_cpulist(text: str) -> list[int]:
+    """A kernel CPU list (``0-3,8,10-11``, as in ``local_cpulist``) -> its CPUs in order."""
+    cpus: list[int] = []
+    for part in (p.strip() for p in text.strip().split(",")):
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def format_cpulist(cpus: Sequence[int]) -> str:
+    """CPUs -> the kernel's compact list (``0-3,8``)."""
+    out: list[str] = []
+    for c in sorted(set(cpus)):
+        if out and c == last + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+        last = c
+    return ",".join(out)
+
+
+def physical_cores(cpus: Sequence[int], sys_cpu: Path = Path("/sys/devices/system/cpu")) -> list[list[int]]:
+    """``cpus`` grouped by physical core (sysfs ``physical_package_id`` and ``core_id``: a
+    core's hyperthreads stay together), cores in the order of their first CPU. A CPU without
+    topology files counts as a core of its own."""
+    cores: dict[tuple[int, int] | tuple[str, int], list[int]] = {}
+    for c in sorted(cpus):
+        topo = sys_cpu / f"cpu{c}" / "topology"
+        try:
+            key: tuple[Any, int] = (int((topo / "physical_package_id").read_text()), int((topo / "core_id").read_text()))
+        except (OSError, ValueError):
+            key = ("cpu", c)
+        cores.setdefault(key, []).append(c)
+    return sorted(cores.values(), key=lambda core: core[0])
+
+
+def gpu_local_cpus(gpu: str, pci_root: Path = Path("/sys/bus/pci/devices")) -> set[int] | None:
+    """The CPUs of the NUMA node nearest GPU ``gpu`` (``nvidia-smi`` index): its PCI device's
+    ``local_cpulist``; None where that cannot be read."""
+    try:
+        bus = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", gpu],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # nvidia-smi writes an 8-digit domain (00000000:1B:00.0); sysfs names it with 4, lower case.
+    m = re.fullmatch(r"(?:[0-9A-Fa-f]*?)([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])", bus)
+    if not m:
+        return None
+    try:
+        return set(parse_cpulist((pci_root / m.group(1).lower() / "local_cpulist").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_sets(slots: Sequence[str], cores: Sequence[Sequence[int]],
+             local: dict[str, set[int] | None]) -> dict[str, list[int]]:
+    """Disjoint CPU sets, one per slot (a GPU of ``--gpus``, or the one slot of a run with one
+    GPU), each the same number of whole physical cores (``len(cores) // len(slots)``). A slot
+    takes cores of its GPU's NUMA node first (``local``; None: unknown), slots of the same node
+    splitting it evenly, and tops its share up from the other cores. ValueError when there are
+    fewer cores than slots. Servers that run side by side then never share a core, and the two
+    sides of a comparison get equal room."""
+    if len(cores) < len(slots):
+        raise ValueError(f"{len(cores)} physical core(s) for {len(slots)} server(s)")
+    per = len(cores) // len(slots)
+    taken: set[int] = set()
+    out: dict[str, list[int]] = {}
+    for slot in slots:
+        node = local.get(slot)
+        free = [core for core in cores if core[0] not in taken]
+        near = [core for core in free if node and set(core) <= node]
+        far = [core for core in free if core not in near]
+        # Slots still to place on the same node split its cores evenly; a slot tops its share
+        # up from the other nodes first, so that the later ones keep theirs.
+        sharing = sum(1 for s in slots if s not in out and local.get(s) == node) if node else 1
+        mine = near[:min(per, len(near) // sharing)]
+        pick = mine + (far + near[len(mine):])[:per - len(mine)]
+        out[slot] = sorted(c for core in pick for c in core)
+        taken.update(core[0] for core in pick)
+    return out
+
+
+def pin_process(pid: int, cpus: Sequence[int] | None) -> str | None:
+    """Restrict process ``pid`` (and what it starts later: SGLang's scheduler and detokenizer
+    inherit it) to ``cpus``; the CPU list it then has, or None without ``cpus`` or where the
+    process is gone."""
+    if not cpus:
+        return None
+    try:
+        os.sched_setaffinity(pid, cpus)
+        return format_cpulist(sorted(os.sched_getaffinity(pid)))
+    except OSError:
+        return None
+
+
+def plan_cpus(gpus: Sequence[str]) -> dict[str, list[int]]:
+    """``--pin-cpus``: the CPU set of each slot (``gpus``; a run with one GPU has the one slot
+    ``""``, placed near the first visible GPU) from this process's CPUs. ValueError as
+    :func:`cpu_sets`."""
+    slots = list(gpus) or [""]
+    local = {s: gpu_local_cpus(s or child_env.visible_gpus(1)[0]) for s in slots}
+    return cpu_sets(slots, physical_cores(sorted(os.sched_getaffinity(0))), local)
+
+
 def num_prompts(concurrency: int, rounds: int, floor: int) -> int:
     """Requests per cell: ``rounds`` full waves at that concurrency, at least ``floor``."""
     return max(concurrency * rounds, floor)
@@ -677,10 +782,16 @@ def run_server(variant: str, boot: int, target: str, draft: str | None, args: ar
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=server_env(server_base, timeline_dir),
                                 start_new_session=True)
+    # --pin-cpus: set right after the start, while the server is one thread that has started nothing.
+    cpus = (getattr(args, "cpu_sets", None) or {}).get(gpu or "")
+    pinned = pin_process(proc.pid, cpus)
+    if cpus:
+        run["cpus"] = pinned
     # bench_serving's client imports SGLang once, while the server boots (see serve_bench_client.py).
     # With the timeline, the client also samples its own event loop (serve_bench_client.py).
     client = BenchClient(dict(env, SERVE_BENCH_CLIENT_LAG="1") if args.timeline else env,
                          args.out / "logs" / f"{tag}-bench.log")
+    pin_process(client.proc.pid, cpus)
     try:
         # /health_generate: ready once the model has generated, not just once the port is open.
         not_ready = launch.wait_until_ready(proc, f"http://127.0.0.1:{port}/health_generate", deadline, poll_s=2)
@@ -895,7 +1006,10 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
              + (f", {env['config']['model'].split('; ')[-1]}" if "model" in env["config"] else "")
              + (f"; a boot's variants ran at the same time on GPUs {','.join(env['config']['gpus'])}, "
                 "the GPU of each side alternating with the boot" if env["config"].get("gpus") else "")
-             + ("; SGLang's /freeze_gc called once each server was ready" if env["config"].get("freeze_gc") else ""),
+             + ("; SGLang's /freeze_gc called once each server was ready" if env["config"].get("freeze_gc") else "")
+             + ("; each server and its bench client pinned to its own physical cores (--pin-cpus: "
+                + ", ".join(f"{('GPU ' + s) if s else 'servers'} {c}" for s, c in env["config"]["pin_cpus"].items())
+                + ")" if env["config"].get("pin_cpus") else ""),
              "",
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
@@ -979,6 +1093,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="run a boot's variants at the same time, one per GPU (2: stock and patched side by side "
                         "on a two-GPU machine; the GPU each side gets alternates with the boot); default 1: one "
                         "server after another")
+    p.add_argument("--pin-cpus", action="store_true",
+                   help="give each server (and its bench client) its own equal set of whole physical cores, near "
+                        "its GPU first (sched_setaffinity): side-by-side servers never share a core and the "
+                        "scheduler cannot land on a busy or far one; off: placed by the kernel, as users run")
     p.add_argument("--budget", type=float, default=540, help="seconds for the whole run; a cut-off is recorded")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--port", type=int, default=31200)
@@ -1025,6 +1143,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --gpus {args.gpus} but only {len(gpus)} GPU(s) visible ({','.join(gpus)})", file=sys.stderr)
         return 2
     doc["environment"]["config"]["gpus"] = gpus or None
+    if args.pin_cpus:
+        try:
+            args.cpu_sets = plan_cpus(gpus)
+        except ValueError as exc:
+            print(f"error: --pin-cpus: {exc}", file=sys.stderr)
+            return 2
+        doc["environment"]["config"]["pin_cpus"] = {s: format_cpulist(c) for s, c in args.cpu_sets.items()}
+        print("CPUs: " + "; ".join(f"{('GPU ' + s) if s else 'servers'} {format_cpulist(c)}"
+                                   for s, c in args.cpu_sets.items()), flush=True)
     for boot in range(args.first_boot, args.first_boot + args.boots):
         for wave in placements(variants, boot, gpus):
             for variant, gpu, _ in wave:

@@ -1637,3 +1637,115 @@ def test_timeline_probe_samples_one_steady_decode_in_eight(tmp_path: Path) -> No
               {"kind": "proc", "t": 3.0, "t1": 3.5, "mode": "EXTEND", "extend": True, "bs": 1}]
     split = st.ttft_breakdown(events)
     assert list(split["next_launch_samples_ms"]) == ["y.py:1 next_only"]
+
+
+def _fake_sysfs(root: Path, topology: dict[int, tuple[int, int]]) -> Path:
+    """A ``/sys/devices/system/cpu`` with ``topology`` (CPU -> package, core id)."""
+    for cpu, (package, core) in topology.items():
+        d = root / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "physical_package_id").write_text(f"{package}\n")
+        (d / "core_id").write_text(f"{core}\n")
+    return root
+
+
+def test_cpu_lists_read_and_write_the_kernels_format() -> None:
+    assert sb.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert sb.format_cpulist([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
+    assert sb.format_cpulist(sb.parse_cpulist("5")) == "5" and sb.parse_cpulist("") == []
+
+
+def test_physical_cores_keep_a_cores_hyperthreads_together(tmp_path: Path) -> None:
+    # 2 packages x 2 cores x 2 threads, numbered as Linux does (siblings n and n + 4)
+    topo = {c: (c // 2 % 2, c % 2) for c in range(8)}
+    sysfs = _fake_sysfs(tmp_path, topo)
+    assert sb.physical_cores(range(8), sysfs) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert sb.physical_cores([9], sysfs) == [[9]]  # no topology files: a core of its own
+
+
+def test_cpu_sets_give_each_server_equal_disjoint_cores_near_its_gpu_first() -> None:
+    cores = [[c, c + 8] for c in range(8)]  # 8 cores, hyperthreads c and c + 8
+    node0, node1 = {0, 1, 2, 3, 8, 9, 10, 11}, {4, 5, 6, 7, 12, 13, 14, 15}
+    # GPUs on different nodes: each its own node
+    sets = sb.cpu_sets(["0", "1"], cores, {"0": node0, "1": node1})
+    assert sets == {"0": sorted(node0), "1": sorted(node1)}
+    assert sb.cpu_sets(["1", "0"], cores, {"0": node0, "1": node1}) == sets
+    # Both on node 0: each takes half of it and tops up from node 1, equal counts, disjoint
+    same = sb.cpu_sets(["0", "1"], cores, {"0": node0, "1": node0})
+    assert [len(same[g]) for g in "01"] == [8, 8] and not set(same["0"]) & set(same["1"])
+    assert [len(set(same[g]) & node0) for g in "01"] == [4, 4]
+    # Node unknown: the cores in order, halves
+    assert sb.cpu_sets(["0", "1"], cores, {"0": None, "1": None}) == {
+        "0": [0, 1, 2, 3, 8, 9, 10, 11], "1": [4, 5, 6, 7, 12, 13, 14, 15]}
+    # One server at a time: its node's cores and the rest
+    assert sb.cpu_sets([""], cores, {"": node1}) == {"": list(range(16))}
+    with pytest.raises(ValueError, match="1 physical core"):
+        sb.cpu_sets(["0", "1"], [[0, 1]], {})
+
+
+def test_gpu_local_cpus_read_the_gpus_pci_device(tmp_path: Path, monkeypatch) -> None:
+    dev = tmp_path / "0000:1b:00.0"
+    dev.mkdir()
+    (dev / "local_cpulist").write_text("0-3,8-11\n")
+    asked = []
+
+    def fake_run(argv, **kw):
+        asked.append(argv)
+        return argparse.Namespace(stdout="00000000:1B:00.0\n")
+
+    monkeypatch.setattr(sb.subprocess, "run", fake_run)
+    assert sb.gpu_local_cpus("1", tmp_path) == {0, 1, 2, 3, 8, 9, 10, 11}
+    assert asked[0][-2:] == ["-i", "1"]
+    monkeypatch.setattr(sb.subprocess, "run", lambda argv, **kw: argparse.Namespace(stdout="No devices were found\n"))
+    assert sb.gpu_local_cpus("1", tmp_path) is None
+
+
+def test_pin_process_restricts_a_running_process_and_what_it_starts_later(tmp_path: Path) -> None:
+    import subprocess
+
+    cpu = min(os.sched_getaffinity(0))
+    script = ("import os, subprocess, sys, time; time.sleep(0.5); "
+              "print(sorted(os.sched_getaffinity(0)), subprocess.run([sys.executable, '-c', "
+              "'import os; print(sorted(os.sched_getaffinity(0)))'], capture_output=True, text=True).stdout.strip())")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert sb.pin_process(proc.pid, [cpu]) == str(cpu)
+    out, _ = proc.communicate(timeout=30)
+    assert out.split() == [f"[{cpu}]", f"[{cpu}]"]
+    assert sb.pin_process(proc.pid, [cpu]) is None  # gone
+    assert sb.pin_process(os.getpid(), None) is None
+
+
+def test_run_server_pins_the_server_and_its_client_to_its_slots_cpus(tmp_path: Path, monkeypatch) -> None:
+    _no_processes(monkeypatch)
+    pinned = []
+    monkeypatch.setattr(sb, "pin_process", lambda pid, cpus: pinned.append(cpus) or (sb.format_cpulist(cpus) if cpus else None))
+    args = argparse.Namespace(out=tmp_path, timeline=False, upstream_site="none", backend="default", server_arg=[],
+                              concurrency=[1], spec="chain", model="8b", cpu_sets={"0": [0, 1], "1": [2, 3]})
+    run = sb.run_server("patched", 1, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=1, gpu="1")
+    assert pinned == [[2, 3], [2, 3]] and run["cpus"] == "2-3"
+    pinned.clear()
+    args.cpu_sets = None
+    run = sb.run_server("stock", 1, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=1, gpu="1")
+    assert pinned == [None, None] and "cpus" not in run
+
+
+def test_pin_cpus_plans_a_set_per_gpu_records_it_and_says_when_it_cannot(tmp_path: Path, monkeypatch) -> None:
+    seen = []
+
+    def fake_run_server(variant, boot, target, draft, args, deadline, port, gpu=None):
+        seen.append((gpu, args.cpu_sets[gpu]))
+        return _run(variant, boot, 100, 10, 1000)
+
+    monkeypatch.setattr(sb, "run_server", fake_run_server)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(sb, "gpu_local_cpus", lambda gpu, *a: None)
+    monkeypatch.setattr(sb, "physical_cores", lambda cpus, *a: [[0, 4], [1, 5], [2, 6], [3, 7]])
+    out = tmp_path / "out"
+    assert sb.main(["--out", str(out), "--boots", "1", "--gpus", "2", "--concurrency", "8", "--pin-cpus"]) == 0
+    assert sorted(seen) == [("0", [0, 1, 4, 5]), ("1", [2, 3, 6, 7])]
+    doc = json.loads((out / "serve-bench.json").read_text())
+    assert doc["environment"]["config"]["pin_cpus"] == {"0": "0-1,4-5", "1": "2-3,6-7"}
+    assert "pinned to its own physical cores (--pin-cpus: GPU 0 0-1,4-5, GPU 1 2-3,6-7)" in \
+        (out / "serve-bench.md").read_text().splitlines()[0]
+    monkeypatch.setattr(sb, "physical_cores", lambda cpus, *a: [[0, 1]])
+    assert sb.main(["--out", str(tmp_path / "o2"), "--boots", "1", "--gpus", "2", "--concurrency", "8", "--pin-cpus"]) == 2
