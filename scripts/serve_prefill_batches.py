@@ -34,6 +34,13 @@ the first decode launch after a prefill (the launch, the host waits inside it, t
 those waits, and for the first decode how often it stood between the prefill's end and its
 first tokens), prefill launches by how many requests they hold, and a prefill's launch end ->
 its result's processing (``launch_parts`` defines each figure).
+
+``--host-speed`` prints instead every server's cells with its host index (the scheduler thread's
+CPU time for a prefill launch of 1-3 requests: the same model code on both sides, so the host's
+speed while that cell ran) beside the cell's TTFT p50, and per concurrency one fit of TTFT p50 on
+that index with a common slope and each side's own intercept: both sides' TTFT at stock's median
+host speed (``host_speed_fits``). On the GPU machines (2026-11-26) that speed moved by 1.5-2x
+within a boot, on both sides, and host-bound cells' TTFT followed it.
 """
 
 from __future__ import annotations
@@ -665,6 +672,86 @@ def compile_table(rows: list[dict[str, Any]]) -> str:
                                f"{r['ms']:.1f} | {', '.join(r['launches'])} |" for r in rows)])
 
 
+# ----------------------------------------------------------------------------- --host-speed
+
+
+def host_speed_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """One row per server and cell (measured window, as ``launch_split``) of every (label, record,
+    timelines) pair: record label, variant, boot, concurrency, the cell's TTFT p50
+    (``bench_serving``'s) and its host index ``host_ms``: the median scheduler-thread CPU time of
+    the cell's prefill launches of 1-3 requests that compiled nothing (``launch_parts``; their
+    launch time in timelines before 2026-11-26, which have no ``cpu_ms``: ``host_is_cpu`` says
+    which). A prefill launch is SGLang's model code on both sides (the plugin adds its stash and
+    publish), run on the host: its time is the host's speed. None without such a launch."""
+    rows = []
+    for label, record, by_run in pairs:
+        for run, events, c, t_lo, t_hi in measured_windows(record, by_run):
+            small = [(s, cpu) for bs, s, cpu in launch_parts(events, t_lo, t_hi)["prefill"] if bs <= 3]
+            cpus = [cpu for _, cpu in small if cpu is not None]
+            cell = run["cells"].get(str(c)) or run["cells"].get(c)
+            rows.append({"record": label, "variant": run["variant"], "boot": run["boot"], "concurrency": c,
+                         "ttft_p50_ms": cell["median_ttft_ms"], "prefills": len(small),
+                         "host_ms": _ms(cpus) if cpus else _ms([s for s, _ in small]), "host_is_cpu": bool(cpus)})
+    return rows
+
+
+def host_speed_fits(rows: list[dict[str, Any]], variant: str = "patched") -> list[dict[str, Any]]:
+    """Per concurrency with at least two cells with a host index on each side (stock and
+    ``variant``) and two different indexes on one: the least-squares fit TTFT p50 = a_side + b x
+    host index (one slope for both sides, each side its own intercept: a cell's TTFT follows its
+    host's speed alike on both sides, and what is left is the side's own), its R^2 over both
+    sides' cells, and each side's TTFT p50 from the fit at stock's median index
+    (``at_stock_host_ms``); beside the cells' plain medians. Ratios are stock / variant (> 1:
+    the variant is faster)."""
+    out = []
+    for c in sorted({r["concurrency"] for r in rows}):
+        sides = {v: [(r["host_ms"], r["ttft_p50_ms"]) for r in rows
+                     if r["concurrency"] == c and r["variant"] == v and r["host_ms"] is not None]
+                 for v in ("stock", variant)}
+        if min(len(cells) for cells in sides.values()) < 2:
+            continue
+        means = {v: (statistics.fmean(x for x, _ in cells), statistics.fmean(y for _, y in cells)) for v, cells in sides.items()}
+        sxx = sum((x - means[v][0]) ** 2 for v, cells in sides.items() for x, _ in cells)
+        if sxx == 0:
+            continue
+        b = sum((x - means[v][0]) * (y - means[v][1]) for v, cells in sides.items() for x, y in cells) / sxx
+        a = {v: my - b * mx for v, (mx, my) in means.items()}
+        ys = [y for cells in sides.values() for _, y in cells]
+        sst = sum((y - statistics.fmean(ys)) ** 2 for y in ys)
+        ssr = sum((y - a[v] - b * x) ** 2 for v, cells in sides.items() for x, y in cells)
+        ref = statistics.median(x for x, _ in sides["stock"])
+        at = {v: a[v] + b * ref for v in sides}
+        raw = {v: statistics.median(y for _, y in cells) for v, cells in sides.items()}
+        out.append({"concurrency": c, "variant": variant, "cells": {v: len(cells) for v, cells in sides.items()},
+                    "host_ms": {v: round(statistics.median(x for x, _ in cells), 2) for v, cells in sides.items()},
+                    "ttft_p50_ms": {v: round(y, 1) for v, y in raw.items()}, "ratio": round(raw["stock"] / raw[variant], 3),
+                    "ms_ttft_per_host_ms": round(b, 2), "r2": round(1 - ssr / sst, 3) if sst else None,
+                    "at_stock_host_ms": {v: round(y, 1) for v, y in at.items()},
+                    "at_stock_host_ratio": round(at["stock"] / at[variant], 3)})
+    return out
+
+
+def host_speed_table(rows: list[dict[str, Any]], fits: list[dict[str, Any]]) -> str:
+    """Every server's cells (host index, TTFT p50), then the fits."""
+    cells = ["| concurrency | variant | record | boot | 1-3-request prefills | host index ms | TTFT p50 ms |",
+             "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["concurrency"], r["variant"] != "stock", r["variant"], r["host_ms"] or 0)):
+        index = "-" if r["host_ms"] is None else f"{r['host_ms']:.2f}" + ("" if r["host_is_cpu"] else " (wall)")
+        cells.append(f"| {r['concurrency']} | {r['variant']} | {r['record']} | {r['boot']} | {r['prefills']} | {index} "
+                     f"| {r['ttft_p50_ms']:.1f} |")
+    fit_lines = ["| concurrency | cells (stock / other) | host index ms, median | TTFT p50 ms, median of cells "
+                 "| slope (ms TTFT per host-index ms) | R^2 | TTFT p50 ms at stock's median host index |",
+                 "|---|---|---|---|---|---|---|"]
+    for f in fits:
+        v = f["variant"]
+        fit_lines.append(
+            f"| {f['concurrency']} | {f['cells']['stock']} / {f['cells'][v]} | {f['host_ms']['stock']:.2f} -> "
+            f"{f['host_ms'][v]:.2f} | {f['ttft_p50_ms']['stock']:.1f} -> {f['ttft_p50_ms'][v]:.1f} (x{f['ratio']:.3f}) "
+            f"| {f['ms_ttft_per_host_ms']:.2f} | {'-' if f['r2'] is None else format(f['r2'], '.2f')} "
+            f"| {f['at_stock_host_ms']['stock']:.1f} -> {f['at_stock_host_ms'][v]:.1f} (x{f['at_stock_host_ratio']:.3f}) |")
+    return "\n".join(cells) + "\n\n" + "\n".join(fit_lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -681,14 +768,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: where sampled steady decode launches spend their host time, by leaf frame, stock beside each variant")
     p.add_argument("--compiles", action="store_true",
                    help="instead: the Triton JIT compiles in the scheduler's process, per variant, kernel and caller")
+    p.add_argument("--host-speed", action="store_true",
+                   help="instead: each server's cells by its host's speed (its small prefill launches' CPU time) beside "
+                        "their TTFT, and per concurrency both sides compared at the same host speed")
     p.add_argument("--variant", default="patched",
-                   help="with --strata: the variant set beside stock (default patched; e.g. patched-mirror-relay)")
+                   help="with --strata or --host-speed: the variant set beside stock (default patched; e.g. "
+                        "patched-mirror-relay)")
     args = p.parse_args(argv)
-    if args.variant != "patched" and not args.strata:
-        print("serve_prefill_batches: --variant goes with --strata", file=sys.stderr)
+    if args.variant != "patched" and not (args.strata or args.host_speed):
+        print("serve_prefill_batches: --variant goes with --strata or --host-speed", file=sys.stderr)
         return 2
-    if args.launches + args.stalls + args.strata + args.compiles + args.frames > 1:
-        print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames", file=sys.stderr)
+    if args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed > 1:
+        print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --host-speed",
+              file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
         print("serve_prefill_batches: give a record and its logs, pair by pair", file=sys.stderr)
@@ -712,6 +804,15 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         print(json.dumps({key: rows}, indent=1) if args.json else table_of(rows))
+        return 0
+    if args.host_speed:
+        rows = host_speed_rows([(str(path.parent), record, by_run) for path, record, by_run in pairs])
+        if not rows:
+            print("serve_prefill_batches: no timeline in these logs matches the record's runs (a --timeline run?)",
+                  file=sys.stderr)
+            return 1
+        fits = host_speed_fits(rows, args.variant)
+        print(json.dumps({"cells": rows, "fits": fits}, indent=1) if args.json else host_speed_table(rows, fits))
         return 0
     if args.launches:
         rows = launch_split([(str(path.parent), record, by_run) for path, record, by_run in pairs])

@@ -497,3 +497,57 @@ def test_frames_split_sampled_steady_decodes_by_leaf_frame_stock_beside_patched(
     old = _tar(tmp_path / "o.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events(cells)}})
     assert spb.main(["--frames", str(rec), str(old)]) == 1
     assert "no sampled steady decodes" in capsys.readouterr().err
+
+
+def _host_speed_logs(tmp_path: Path, sides: dict[str, list[float | None]], extra: float) -> tuple[Path, Path]:
+    """Servers whose small prefill launches took ``h`` ms of CPU (None: a timeline without
+    ``cpu_ms``), each cell 2's TTFT p50 20 + 2 h ms, the other side ``extra`` ms more."""
+    cells = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
+    runs, files = [], {}
+    for variant, hosts in sides.items():
+        for boot, h in enumerate(hosts):
+            ev = _events(cells)
+            for e in ev:
+                if e["kind"] == "run" and h is not None:
+                    e["cpu_ms"] = h if e["extend"] else 0.5
+            ttft = 20 + 2 * (h if h is not None else 1.0) + (extra if variant != "stock" else 0.0)
+            runs.append((variant, boot, {"2": ttft, "4": 99.0}))
+            files[f"timeline/{variant}-boot{boot}/timeline-{boot}.json"] = {"events": ev}
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record(runs)))
+    return rec, _tar(tmp_path / "l.tar.gz", files)
+
+
+def test_host_speed_compares_both_sides_at_the_same_host_speed(tmp_path: Path, capsys) -> None:
+    rec, logs = _host_speed_logs(tmp_path, {"stock": [10.0, 12.0, 14.0], "patched": [12.0, 14.0, 16.0]}, extra=3.0)
+    assert spb.main(["--host-speed", "--json", str(rec), str(logs)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    two = [r for r in doc["cells"] if r["concurrency"] == 2]
+    assert sorted((r["variant"], r["host_ms"], r["prefills"], r["host_is_cpu"]) for r in two) == [
+        ("patched", 12.0, 2, True), ("patched", 14.0, 2, True), ("patched", 16.0, 2, True),
+        ("stock", 10.0, 2, True), ("stock", 12.0, 2, True), ("stock", 14.0, 2, True)]
+    # cell 4 has no prefill of 1-3 requests: no index, no fit
+    assert all(r["host_ms"] is None for r in doc["cells"] if r["concurrency"] == 4)
+    [fit] = doc["fits"]
+    assert fit["concurrency"] == 2 and fit["ms_ttft_per_host_ms"] == 2.0 and fit["r2"] == 1.0
+    # plain medians: patched drew the slower hosts (51 against 44 ms); at stock's median host
+    # index (12 ms) it is its own 3 ms slower: 44 -> 47
+    assert fit["ttft_p50_ms"] == {"stock": 44.0, "patched": 51.0} and fit["ratio"] == round(44 / 51, 3)
+    assert fit["at_stock_host_ms"] == {"stock": 44.0, "patched": 47.0} and fit["at_stock_host_ratio"] == round(44 / 47, 3)
+    assert spb.main(["--host-speed", str(rec), str(logs)]) == 0
+    table = capsys.readouterr().out
+    assert "| 2 | 3 / 3 | 12.00 -> 14.00 | 44.0 -> 51.0 (x0.863) | 2.00 | 1.00 | 44.0 -> 47.0 (x0.936) |" in table
+
+
+def test_host_speed_reads_old_timelines_by_launch_time_and_checks_its_flags(tmp_path: Path, capsys) -> None:
+    rec, logs = _host_speed_logs(tmp_path, {"stock": [None, None], "patched": [None, None]}, extra=0.0)
+    assert spb.main(["--host-speed", "--json", str(rec), str(logs)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {(r["host_ms"], r["host_is_cpu"]) for r in doc["cells"] if r["concurrency"] == 2} == {(1.0, False)}
+    assert doc["fits"] == []  # one index on both sides: nothing to fit
+    assert spb.main(["--host-speed", str(rec), str(logs)]) == 0
+    assert "| 2 | 1.00 (wall) | 22.0 |" in capsys.readouterr().out  # launch time stands in, and says so
+    assert spb.main(["--host-speed", "--launches", str(rec), str(logs)]) == 2
+    assert "one of --launches" in capsys.readouterr().err
+    assert spb.main(["--variant", "patched-no-war", "--launches", str(rec), str(logs)]) == 2
+    assert "--strata or --host-speed" in capsys.readouterr().err
