@@ -13,6 +13,8 @@
 #       --timeline --boots 3 --concurrency 1,4,16   # the plugin without back-port 19 (on by default) beside it
 #   bash scripts/gpu/run_serve_bench.sh --gpus 2 --timeline --freeze-gc --concurrency 32,45,48   # SGLang's /freeze_gc
 #       once each server is ready (both sides): the cells without the one long API-server collection per server
+#   bash scripts/gpu/run_serve_bench.sh --gpus 2 --pin-cpus --timeline --backend triton --concurrency 1,4,8
+#       # each server and its bench client on an equal set of cores of its own (both sides alike)
 #   bash scripts/gpu/run_serve_bench.sh --gpus 2 --boots 2   # two-GPU machine (nvidia-h100-x2): each boot's stock and
 #       (patched servers at the same time, one per GPU, the card of each side alternating with the boot: twice
 #       the boots per device-minute; FA3 staged the same way; one host, so both servers share its CPUs)
