@@ -752,6 +752,58 @@ def host_speed_table(rows: list[dict[str, Any]], fits: list[dict[str, Any]]) -> 
     return "\n".join(cells) + "\n\n" + "\n".join(fit_lines)
 
 
+#: ``--host-speed --plot``: side colours (stock, the other variant).
+HOST_SPEED_COLOURS = ("#1f77b4", "#ff7f0e")
+
+
+def host_speed_svg(rows: list[dict[str, Any]], fits: list[dict[str, Any]], title: str) -> str:
+    """One panel per fitted concurrency: every cell of both sides (host index ms -> TTFT p50 ms;
+    stock blue, the other side orange) and each side's fitted line over the panel's index range
+    (``host_speed_fits``), the dashed vertical at stock's median index where the two are read."""
+    if not fits:
+        return ""
+    pw, ph, gap, left, top, bottom = 220, 200, 30, 44, 40, 40
+    w = left + len(fits) * (pw + gap)
+    h = top + ph + bottom
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+           f'<text x="{left}" y="16">{title}: TTFT p50 against the host index (1-3-request prefill launch, ms); '
+           f'stock <tspan fill="{HOST_SPEED_COLOURS[0]}">blue</tspan>, {fits[0]["variant"]} '
+           f'<tspan fill="{HOST_SPEED_COLOURS[1]}">orange</tspan></text>']
+    for k, f in enumerate(fits):
+        c, sides = f["concurrency"], ("stock", f["variant"])
+        cells = [r for r in rows if r["concurrency"] == c and r["variant"] in sides and r["host_ms"] is not None]
+        xs, ys = [r["host_ms"] for r in cells], [r["ttft_p50_ms"] for r in cells]
+        x0, x1 = min(xs), max(xs)
+        fitted = [f["at_stock_host_ms"][v] + f["ms_ttft_per_host_ms"] * (x - f["host_ms"]["stock"])
+                  for v in sides for x in (x0, x1)]
+        y0, y1 = min(ys + fitted), max(ys + fitted)
+        x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
+        ox = left + k * (pw + gap)
+        px = lambda v: ox + pw * (v - x0) / (x1 - x0)  # noqa: E731
+        py = lambda v: top + ph * (y1 - v) / (y1 - y0)  # noqa: E731
+        out.append(f'<rect x="{ox}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+        out.append(f'<text x="{ox + pw / 2:.0f}" y="{top - 6}" text-anchor="middle">concurrency {c}: '
+                   f'x{f["at_stock_host_ratio"]:.3f} at equal host speed</text>')
+        out.append(f'<text x="{ox}" y="{top + ph + 14}">{x0:.1f}</text>'
+                   f'<text x="{ox + pw}" y="{top + ph + 14}" text-anchor="end">{x1:.1f} ms</text>')
+        out.append(f'<text x="{ox - 4}" y="{top + 10}" text-anchor="end">{y1:.0f}</text>'
+                   f'<text x="{ox - 4}" y="{top + ph}" text-anchor="end">{y0:.0f}</text>')
+        ref = f["host_ms"]["stock"]
+        out.append(f'<line x1="{px(ref):.1f}" x2="{px(ref):.1f}" y1="{top}" y2="{top + ph}" stroke="#999" '
+                   'stroke-dasharray="4 3"/>')
+        for v, colour in zip(sides, HOST_SPEED_COLOURS):
+            at, b = f["at_stock_host_ms"][v], f["ms_ttft_per_host_ms"]
+            out.append(f'<line data-side="{v}" data-concurrency="{c}" x1="{px(x0):.1f}" y1="{py(at + b * (x0 - ref)):.1f}" '
+                       f'x2="{px(x1):.1f}" y2="{py(at + b * (x1 - ref)):.1f}" stroke="{colour}" stroke-width="1.5"/>')
+            for r in cells:
+                if r["variant"] == v:
+                    out.append(f'<circle data-side="{v}" data-concurrency="{c}" cx="{px(r["host_ms"]):.1f}" '
+                               f'cy="{py(r["ttft_p50_ms"]):.1f}" r="3.5" fill="{colour}"/>')
+    out.append(f'<text x="{left}" y="{h - 6}">host index: the scheduler thread\'s CPU time per 1-3-request prefill '
+               'launch; lines: one slope, each side its own intercept (serve_prefill_batches.py --host-speed)</text>')
+    return "\n".join(out + ["</svg>"]) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -771,12 +823,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-speed", action="store_true",
                    help="instead: each server's cells by its host's speed (its small prefill launches' CPU time) beside "
                         "their TTFT, and per concurrency both sides compared at the same host speed")
+    p.add_argument("--plot", type=Path, help="with --host-speed: also write an SVG of the cells and the fits there")
     p.add_argument("--variant", default="patched",
                    help="with --strata or --host-speed: the variant set beside stock (default patched; e.g. "
                         "patched-mirror-relay)")
     args = p.parse_args(argv)
     if args.variant != "patched" and not (args.strata or args.host_speed):
         print("serve_prefill_batches: --variant goes with --strata or --host-speed", file=sys.stderr)
+        return 2
+    if args.plot and not args.host_speed:
+        print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
         return 2
     if args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed > 1:
         print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --host-speed",
@@ -812,6 +868,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         fits = host_speed_fits(rows, args.variant)
+        if args.plot:
+            args.plot.write_text(host_speed_svg(rows, fits, "stock -> " + args.variant))
         print(json.dumps({"cells": rows, "fits": fits}, indent=1) if args.json else host_speed_table(rows, fits))
         return 0
     if args.launches:

@@ -551,3 +551,28 @@ def test_host_speed_reads_old_timelines_by_launch_time_and_checks_its_flags(tmp_
     assert "one of --launches" in capsys.readouterr().err
     assert spb.main(["--variant", "patched-no-war", "--launches", str(rec), str(logs)]) == 2
     assert "--strata or --host-speed" in capsys.readouterr().err
+
+
+def test_host_speed_plot_draws_every_cell_and_each_sides_line(tmp_path: Path, capsys) -> None:
+    import xml.etree.ElementTree as ET
+
+    rec, logs = _host_speed_logs(tmp_path, {"stock": [10.0, 12.0, 14.0], "patched": [12.0, 14.0, 16.0]}, extra=3.0)
+    plot = tmp_path / "hs.svg"
+    assert spb.main(["--host-speed", "--plot", str(plot), str(rec), str(logs)]) == 0
+    svg = ET.fromstring(plot.read_text())  # well-formed
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(svg.findall(f"{ns}rect")) == 1  # one fitted concurrency, one panel
+    dots = [(c.get("data-side"), float(c.get("cx")), float(c.get("cy"))) for c in svg.findall(f"{ns}circle")]
+    assert sorted(d[0] for d in dots) == ["patched"] * 3 + ["stock"] * 3
+    lines = {ln.get("data-side"): ln for ln in svg.findall(f"{ns}line") if ln.get("data-side")}
+    assert set(lines) == {"stock", "patched"}
+    # every cell lies on its side's line (TTFT = 20 + 2 h exactly): the same slope in pixels
+    for side, line in lines.items():
+        x1, y1, x2, y2 = (float(line.get(k)) for k in ("x1", "y1", "x2", "y2"))
+        for s, cx, cy in dots:
+            if s == side:
+                assert abs(y1 + (y2 - y1) * (cx - x1) / (x2 - x1) - cy) < 0.2
+    assert "x0.936 at equal host speed" in plot.read_text()
+    capsys.readouterr()
+    assert spb.main(["--launches", "--plot", str(plot), str(rec), str(logs)]) == 2
+    assert "--plot goes with --host-speed" in capsys.readouterr().err
