@@ -234,6 +234,17 @@ def _results(runs: list[dict[str, Any]], procs: list[dict[str, Any]]) -> dict[in
     return out
 
 
+def _cpu_s(run: dict[str, Any]) -> float | None:
+    """A ``run`` event's scheduler-thread CPU time in seconds (``cpu_ms``, timelines from
+    2026-11-26 on), else None."""
+    return None if run.get("cpu_ms") is None else run["cpu_ms"] / 1e3
+
+
+def _side_order(concurrency: int, variant: str) -> tuple[int, bool, str]:
+    """Rows by concurrency, stock first, then the other variants by name."""
+    return concurrency, variant != "stock", variant
+
+
 def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict[str, Any]:
     """Per launch of one server's timeline that starts in [t_lo, t_hi), what the ``--launches``
     figures are made of (seconds).
@@ -275,9 +286,6 @@ def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict
         return bool(_within(compiles, compile_t, run["t"], run["t1"])) or any(
             COMPILING.match(f) for e in _within(samples, sample_t, run["t"], run["t1"]) for f in e["stack"])
 
-    def cpu(run: dict[str, Any]) -> float | None:
-        return None if run.get("cpu_ms") is None else run["cpu_ms"] / 1e3
-
     out: dict[str, Any] = {"steady": [], "first": [], "prefill": [], "to_result": [],
                            "compiled": {"first": 0, "prefill": 0}}
     for i, run in enumerate(runs):
@@ -288,7 +296,7 @@ def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict
             if compiled(run):
                 out["compiled"]["prefill"] += 1
                 continue
-            out["prefill"].append((run["bs"], run["t1"] - run["t"], cpu(run)))
+            out["prefill"].append((run["bs"], run["t1"] - run["t"], _cpu_s(run)))
             proc = result.get(i)
             between = [] if proc is None else list(itertools.takewhile(lambda r: r["t"] < proc["t"], runs[i + 1:]))
             if proc is not None and not any(compiled(r) for r in between):
@@ -304,7 +312,7 @@ def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict
         elif run["mode"] == "DECODE" and i > 0:
             if compiled(run):  # a compile event (timelines from 2026-11-26 on): not steady
                 continue
-            out["steady"].append({"launch": run["t1"] - run["t"], "cpu": cpu(run), "waits": waits(run["t"], run["t1"]),
+            out["steady"].append({"launch": run["t1"] - run["t"], "cpu": _cpu_s(run), "waits": waits(run["t"], run["t1"]),
                                   "between": None if nxt is None else waits(run["t1"], nxt["t"]),
                                   "period": None if nxt is None else nxt["t"] - run["t"]})
     return out
@@ -378,7 +386,7 @@ def launch_split(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[str,
             names.append(f"{label} {run['variant']} {run['boot']}")
             parts.append(launch_parts(events, t_lo, t_hi))
     return [{"concurrency": c, "variant": v, "runs": names, **summarise(parts)}
-            for (c, v), (names, parts) in sorted(pooled.items(), key=lambda kv: (kv[0][0], kv[0][1] != "stock", kv[0][1]))]
+            for (c, v), (names, parts) in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0]))]
 
 
 #: A lag window whose longest late wake-up is this long or longer holds a stall (ms).
@@ -598,13 +606,13 @@ def steady_frames(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any
                 if r["kind"] != "run" or not r.get("sampled") or not t_lo <= r["t"] < t_hi:
                     continue
                 acc["launch"].append(r["t1"] - r["t"])
-                if r.get("cpu_ms") is not None:
-                    acc["cpu"].append(r["cpu_ms"] / 1e3)
+                if _cpu_s(r) is not None:
+                    acc["cpu"].append(_cpu_s(r))
                 for e in _within(samples, sample_t, r["t"], r["t1"]):
                     leaf = re.sub(r":\d+ ", " ", e["stack"][0]) if e["stack"] else "?"
                     acc["frames"][leaf] = acc["frames"].get(leaf, 0.0) + e.get("dt", 1e-3)
     rows = []
-    for (c, v), acc in sorted(pooled.items(), key=lambda kv: (kv[0][0], kv[0][1] != "stock", kv[0][1])):
+    for (c, v), acc in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0])):
         n = len(acc["launch"])
         if not n:
             continue
@@ -735,7 +743,7 @@ def host_speed_table(rows: list[dict[str, Any]], fits: list[dict[str, Any]]) -> 
     """Every server's cells (host index, TTFT p50), then the fits."""
     cells = ["| concurrency | variant | record | boot | 1-3-request prefills | host index ms | TTFT p50 ms |",
              "|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["concurrency"], r["variant"] != "stock", r["variant"], r["host_ms"] or 0)):
+    for r in sorted(rows, key=lambda r: (*_side_order(r["concurrency"], r["variant"]), r["host_ms"] or 0)):
         index = "-" if r["host_ms"] is None else f"{r['host_ms']:.2f}" + ("" if r["host_is_cpu"] else " (wall)")
         cells.append(f"| {r['concurrency']} | {r['variant']} | {r['record']} | {r['boot']} | {r['prefills']} | {index} "
                      f"| {r['ttft_p50_ms']:.1f} |")
@@ -863,16 +871,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.host_speed:
         rows = host_speed_rows([(str(path.parent), record, by_run) for path, record, by_run in pairs])
-        if not rows:
-            print("serve_prefill_batches: no timeline in these logs matches the record's runs (a --timeline run?)",
-                  file=sys.stderr)
-            return 1
-        fits = host_speed_fits(rows, args.variant)
-        if args.plot:
-            args.plot.write_text(host_speed_svg(rows, fits, "stock -> " + args.variant))
-        print(json.dumps({"cells": rows, "fits": fits}, indent=1) if args.json else host_speed_table(rows, fits))
-        return 0
-    if args.launches:
+    elif args.launches:
         rows = launch_split([(str(path.parent), record, by_run) for path, record, by_run in pairs])
     elif args.stalls:
         rows = [row for _, record, by_run in pairs for row in stall_rows(record, by_run)]
@@ -884,6 +883,12 @@ def main(argv: list[str] | None = None) -> int:
         print("serve_prefill_batches: no timeline in these logs matches the record's runs (a --timeline run?)",
               file=sys.stderr)
         return 1
+    if args.host_speed:
+        fits = host_speed_fits(rows, args.variant)
+        if args.plot:
+            args.plot.write_text(host_speed_svg(rows, fits, "stock -> " + args.variant))
+        print(json.dumps({"cells": rows, "fits": fits}, indent=1) if args.json else host_speed_table(rows, fits))
+        return 0
     if args.launches:
         print(json.dumps({"launches": rows}, indent=1) if args.json else launch_tables(rows))
         return 0
