@@ -96,7 +96,8 @@ the run uses (``gpu_harness.port_blocks.PortAllocator``).
 Groups (``--group``, with ``--cases`` their union): ``base`` (everything before the FA3 set),
 ``matrix``, ``fa3``, ``multi`` (two GPUs), ``pd``, ``mtp``, ``mla``, ``tree``, ``tree-v2``,
 ``tree-v2-det``, ``intake`` (back-port 19 switched on explicitly), ``fihost`` (back-port 20
-switched on explicitly; both on by default since 2026-11-26), ``mrelay`` (back-port 22's switch
+switched on explicitly; both on by default since 2026-11-26), ``fiplan`` (back-port 23 switched on
+with its check: FlashInfer, the device indptrs read back at every plan), ``mrelay`` (back-port 22's switch
 on: FlashInfer chains, the FA3 tree), ``released`` (decodes launched after the last result was
 processed, holding requests it freed: grammar requests on three backends, back-port 16's switch).
 
@@ -276,6 +277,18 @@ def all_cases() -> list[Case]:
                       env=fihost))
     cases.append(Case("fihost-standalone-flashinfer-graph-pcg", "STANDALONE", "flashinfer", True, True, "matrix",
                       env=fihost))
+    # Back-port 23 (FlashInfer plans extends from host indptrs; on by default) switched on with its
+    # check, which reads the device indptrs back at every plan and raises on any difference: every
+    # prefill and every spec-v2 draft extend, with and without CUDA graphs and piecewise CUDA graph,
+    # radix-cache prefixes and EOS churn.
+    fiplan = (("SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR", "1"),
+              ("SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR_CHECK", "1"))
+    for algorithm, graph, pcg, profile in (("EAGLE3", True, False, "matrix"), ("STANDALONE", True, True, "matrix"),
+                                           ("STANDALONE", False, False, "matrix"), ("EAGLE3", True, False, "radix"),
+                                           ("STANDALONE", True, True, "eos")):
+        name = (f"fiplan-{profile}-{algorithm.lower()}-flashinfer-{'graph' if graph else 'nograph'}-"
+                f"{'pcg' if pcg else 'nopcg'}")
+        cases.append(Case(name, algorithm, "flashinfer", graph, pcg, profile, env=fiplan))
     return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + mla_cases()
             + tree_cases() + tree_v2_cases() + tree_v2_det_cases() + mirror_relay_cases()
             + released_row_cases())
@@ -564,6 +577,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "tree-v2-det": ("treev2det-*",),
     "intake": ("intake-*",),
     "fihost": ("fihost-*",),
+    "fiplan": ("fiplan-*",),
     "mrelay": ("mrelay-*",),
     "released": ("grammar-*", "pfirst-*"),
 }

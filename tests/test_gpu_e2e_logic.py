@@ -73,6 +73,22 @@ def test_fihost_group_runs_back_port_20_on_against_stock() -> None:
     assert not any(c.needs_fa3 for c in cases)
 
 
+def test_fiplan_group_runs_back_port_23_with_its_check_on_flashinfer() -> None:
+    """The ``fiplan`` group: back-port 23 switched on with its check (the device indptrs read back and
+    compared at every plan; a difference stops the patched Engine) on FlashInfer, judged token for token."""
+    from sglang_futuremap_patch.backports import flashinfer_host_indptr as fiplan
+
+    cases = e2e.select_cases(None, groups=["fiplan"])
+    assert [(c.name, c.cuda_graph, c.pcg, c.profile) for c in cases] == [
+        ("fiplan-matrix-eagle3-flashinfer-graph-nopcg", True, False, "matrix"),
+        ("fiplan-matrix-standalone-flashinfer-graph-pcg", True, True, "matrix"),
+        ("fiplan-matrix-standalone-flashinfer-nograph-nopcg", False, False, "matrix"),
+        ("fiplan-radix-eagle3-flashinfer-graph-nopcg", True, False, "radix"),
+        ("fiplan-eos-standalone-flashinfer-graph-pcg", True, True, "eos")]
+    assert all(dict(c.env) == {fiplan.HOST_INDPTR_ENV: "1", fiplan.HOST_INDPTR_CHECK_ENV: "1"}
+               and c.backend == "flashinfer" and not c.needs_fa3 for c in cases)
+
+
 def test_mrelay_group_runs_back_port_22_on_mirrored_backends() -> None:
     """The ``mrelay`` group: back-port 22 switched on (stock ignores it). FlashInfer chains are judged
     token for token against stock; the FA3 tree on spec v2 as the ``treev2`` cases are, with the tree

@@ -31,6 +31,7 @@ SERIES: tuple[str, ...] = (
     "flashinfer_host_prefix_sum",
     "eager_relay_lens",
     "mirror_relay_lens",
+    "flashinfer_host_indptr",
 )
 
 
