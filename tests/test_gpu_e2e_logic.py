@@ -1302,7 +1302,7 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
         assert c.env == ((e2e.TREE_SPEC_V2_ENV, "1" if c.backend == "flashinfer" else None),), c.name
     assert {c.backend for c in e2e.tree_v2_cases()} >= {"flashinfer", "fa3", "triton", "default"}
     assert not any(c.env for c in e2e.all_cases()
-                   if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-", "intake-", "fihost-",
+                   if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-", "intake-", "fihost-", "fiplan-",
                                              "mrelay-", "pfirst-")))
     seen: dict[str, dict[str, str]] = {}
 
