@@ -1608,8 +1608,17 @@ def test_timeline_probe_samples_one_steady_decode_in_eight(tmp_path: Path) -> No
         def process_input_requests(self, recv_reqs): ...
 
         def run_batch(self, batch):
-            end = time.thread_time() + 0.02
-            while time.thread_time() < end:
+            # 20 ms of CPU; a sampled launch goes on until the sampler thread has caught it
+            # (up to 5 s: on a loaded 2-core host the thread may not run within 20 ms).
+            phase, end = tl.launching, time.thread_time() + 0.02
+            deadline = time.monotonic() + 5.0
+
+            def caught() -> bool:
+                return any(e["kind"] == "sample" and e["phase"] == phase for e in tl.events[seen:])
+
+            seen = len(tl.events)
+            while time.thread_time() < end or (phase is not None and not caught()
+                                               and time.monotonic() < deadline):
                 pass
 
         def process_batch_result(self, batch, result): ...
