@@ -77,6 +77,14 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          "patched-no-fi-host-sum": ("strict", {"SGLANG_FUTUREMAP_FLASHINFER_HOST_PREFIX_SUM": "0"}),
          # back-port 22 switched on: a mirrored backend's decodes read host lengths from the relay
          "patched-mirror-relay": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "1"}),
+         # the same with both checks on: relayed lengths and FlashInfer's host indptrs read back
+         # against the device at every decode / plan (a host wait each: for finding faults)
+         "patched-mirror-relay-check": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "1",
+                                                   "SGLANG_FUTUREMAP_RELAY_CHECK": "1",
+                                                   "SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR_CHECK": "1"}),
+         # back-port 22 on, back-port 23 off: FlashInfer plans from its device indptrs
+         "patched-mirror-relay-device-indptr": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "1",
+                                                           "SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR": "0"}),
          # both switched on (a tree's default): back-port 22's relay for the wait after a prefill, back-port 16's order
          # for the decode launched before an idle server's prefill result
          "patched-relay-prefill-first": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "1",
@@ -105,6 +113,11 @@ MODE_NOTES = {
                               "FlashInfer's own device-sum read-back",
     "patched-mirror-relay": "the plugin with back-port 22 switched on (SGLANG_FUTUREMAP_MIRROR_RELAY=1): on a "
                             "backend that keeps the host mirror, a decode reads its host lengths from the relay",
+    "patched-mirror-relay-check": "the plugin with back-port 22 switched on and both checks on "
+                                  "(SGLANG_FUTUREMAP_RELAY_CHECK=1, SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR_CHECK=1): "
+                                  "every relayed length and host indptr compared with the device's (not a timing)",
+    "patched-mirror-relay-device-indptr": "the plugin with back-port 22 switched on and back-port 23 off "
+                                          "(SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR=0)",
     "patched-relay-prefill-first": "the plugin with back-ports 22 and 16's switches both on: host lengths from the "
                                    "relay, and a small or finished prefill's result processed before the next launch "
                                    "(a tree's default since 2026-11-26: = patched there)",

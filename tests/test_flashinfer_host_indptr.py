@@ -156,3 +156,93 @@ def test_off_switch_spec_inputs_and_missing_host_lengths_keep_the_device_indptrs
     assert build(seq, PREFIX, True, 3, None, None) is None
     paged, _ = _extend(_updater("meta"), "meta", True)
     assert _values(paged[0]["qo_indptr"]) == "meta"  # switched off: stock's device indptrs
+
+
+@pytest.fixture
+def plan_log(monkeypatch):
+    """The order of plans and plan-copy events, by wrapper name: a ``torch.cpu.Event`` stand-in
+    (on a GPU: ``torch.cuda.Event``) logs each record / synchronize under the name of the
+    wrapper that holds it."""
+    log: list[tuple[str, str]] = []
+    wrappers: list[_NamedWrapper] = []
+
+    class Event:
+        def _owner(self):
+            return next(w.name for w in wrappers
+                        if getattr(w, "_sglang_futuremap_plan_copied", None) is self)
+
+        def record(self):
+            log.append(("record", self._owner()))
+
+        def synchronize(self):
+            log.append(("sync", self._owner()))
+
+    monkeypatch.setattr(torch.cpu, "Event", Event)
+
+    def named(name):
+        w = _NamedWrapper(name, log)
+        wrappers.append(w)
+        return w
+
+    return log, named
+
+
+class _NamedWrapper(Wrapper):
+    def __init__(self, name, log):
+        super().__init__()
+        self.name, self.log = name, log
+
+    def begin_forward(self, *args, **kwargs):
+        super().begin_forward(*args, **kwargs)
+        self.log.append(("plan", self.name))
+
+
+def test_a_host_plan_waits_for_the_previous_plan_copy_of_its_wrapper(patched, kv_kernel, plan_log):
+    """FlashInfer's plan() queues a copy of its pinned host buffer to the device without waiting.
+    Stock's device indptrs made the next plan() wait for the queue first; with host indptrs,
+    two plans of one wrapper in a row (consecutive prefills) must not rewrite that buffer before
+    the first copy ran (on a GPU the first forward then ran with the second's plan: an illegal
+    memory access). Each host plan waits for the event recorded after its wrapper's last plan."""
+    log, named = plan_log
+    updater = _updater("cpu")
+    updater.prefill_wrapper_ragged = named("ragged")
+    paged = named("paged")
+    for _ in range(2):
+        updater.update_single_wrapper(
+            torch.tensor([2, 0, 3]), torch.tensor(SEQ), torch.tensor(SEQ), sum(SEQ),
+            torch.tensor(PREFIX), [paged], True, None, None, extend_prefix_lens_cpu=PREFIX)
+    assert log == [
+        ("plan", "ragged"), ("plan", "paged"), ("record", "ragged"), ("record", "paged"),
+        # the second extend: both buffers' earlier copies have run before either is rewritten
+        ("sync", "ragged"), ("sync", "paged"), ("plan", "ragged"), ("plan", "paged"),
+        ("record", "ragged"), ("record", "paged"),
+    ]
+
+
+def test_device_plans_record_and_the_off_switch_records_nothing(patched, kv_kernel, plan_log,
+                                                                monkeypatch):
+    """A plan handed device indptrs (here: no host lengths) waits for the queue inside plan()
+    itself, so it needs no fence, but it marks its copy: a host plan of the same wrapper may
+    follow. Switched off (=0) the path is stock's: no events at all."""
+    log, named = plan_log
+    updater = _updater("cpu")
+    updater.prefill_wrapper_ragged = named("ragged")
+    paged = named("paged")
+
+    def extend(seq_cpu):
+        updater.update_single_wrapper(
+            torch.tensor([2, 0, 3]), torch.tensor(SEQ), seq_cpu, sum(SEQ),
+            torch.tensor(PREFIX), [paged], False, None, None, extend_prefix_lens_cpu=PREFIX)
+
+    extend(None)  # device indptrs
+    extend(torch.tensor(SEQ))  # host indptrs: waits for the device plan's copy
+    assert log == [("plan", "paged"), ("record", "paged"),
+                   ("sync", "paged"), ("plan", "paged"), ("record", "paged")]
+    log.clear()
+    monkeypatch.setenv(ENV, "0")
+    fresh = named("fresh")
+    for _ in range(2):
+        updater.update_single_wrapper(
+            torch.tensor([2, 0, 3]), torch.tensor(SEQ), torch.tensor(SEQ), sum(SEQ),
+            torch.tensor(PREFIX), [fresh], False, None, None, extend_prefix_lens_cpu=PREFIX)
+    assert log == [("plan", "fresh"), ("plan", "fresh")]

@@ -38,6 +38,26 @@ def test_port_blocks_of_n_engines_are_disjoint(n: int) -> None:
         assert b.env() == {"SGLANG_PORT": str(b.sglang_port)}
 
 
+def test_harnesses_side_by_side_keep_to_their_own_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two harnesses on one machine (run_jobs.sh: two e2e shards) each check a block free when they
+    hand it out, before their Engine binds it: from one range they can pick the same block (seen:
+    EADDRINUSE). With GPU_HARNESS_PORT_SLICE each keeps to its own slice."""
+    def blocks(spec: str | None) -> set[int]:
+        alloc = port_blocks.PortAllocator(rng=random.Random(7), is_free=lambda port: True, slice_spec=spec)
+        return {alloc.allocate().base for _ in range(200)}
+
+    assert blocks("") & blocks("")  # one range, the same draw: the collision
+    first, second = blocks("1/2"), blocks("2/2")
+    assert not first & second and len(first) == len(second) == 200
+    assert max(first) + port_blocks.PORT_BLOCK <= min(second)
+    monkeypatch.setenv(port_blocks.PORT_SLICE_ENV, "2/2")
+    from_env = port_blocks.PortAllocator(rng=random.Random(7), is_free=lambda port: True)
+    assert {from_env.allocate().base for _ in range(200)} == second
+    for bad in ("3/2", "0/2", "x", "1/10000"):
+        with pytest.raises(ValueError, match=port_blocks.PORT_SLICE_ENV):
+            port_blocks.PortAllocator(slice_spec=bad)
+
+
 def test_allocator_skips_ports_in_use_and_runs_out_cleanly() -> None:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -56,6 +56,18 @@ def test_jobs_run_at_once_on_their_own_gpus_and_the_worst_exit_wins(tmp_path: Pa
     assert sorted(p.name for p in out.iterdir()) == ["jobs.tar.gz"]  # one file to bring back
 
 
+def test_each_job_gets_its_own_port_slice(tmp_path: Path) -> None:
+    """Harnesses of jobs side by side draw their port blocks from disjoint slices
+    (gpu_harness.port_blocks.PORT_SLICE_ENV)."""
+    if (ROOT / ".gpu" / "activate.sh").exists():
+        pytest.skip("a GPU bundle is unpacked here: the runner would activate it")
+    res = _run(tmp_path, 'a|0|echo "slice=$GPU_HARNESS_PORT_SLICE"', 'b|1|echo "slice=$GPU_HARNESS_PORT_SLICE"',
+               'c|2|echo "slice=$GPU_HARNESS_PORT_SLICE"', JOBS_ARCHIVE="0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    logs = [(tmp_path / "out" / n / "job.log").read_text().strip() for n in "abc"]
+    assert logs == ["slice=1/3", "slice=2/3", "slice=3/3"]
+
+
 def test_archive_can_be_left_out(tmp_path: Path) -> None:
     if (ROOT / ".gpu" / "activate.sh").exists():
         pytest.skip("a GPU bundle is unpacked here: the runner would activate it")

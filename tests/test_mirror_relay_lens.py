@@ -94,3 +94,30 @@ def test_without_the_mirror_the_switch_changes_nothing(spec_future_map, probe, m
     assert _forward(m, probe, "DECODE", [1, 2], [8, 9]) == (None, False)
     assert _forward(m, probe, "DECODE", [1, 2], [10, 11], asks=False) == (None, False)
     assert m.dx_copy_of[[1, 2]].tolist() == [-1, -1]  # no copy kept for a decode that asked nothing
+
+
+def test_the_check_passes_the_relay_and_catches_a_stale_length(mirrored, probe, monkeypatch):
+    """``SGLANG_FUTUREMAP_RELAY_CHECK=1`` (test runs on a GPU): every relayed length is compared
+    with the published device lengths; a relay that would hand a decode a stale length raises
+    before the launch instead of sizing the backend's buffers with it."""
+    monkeypatch.setenv("SGLANG_FUTUREMAP_RELAY_CHECK", "1")
+    # (The check's own read-back is a device copy: only the lengths are compared here.)
+    _forward(mirrored, probe, "EXTEND", [1, 2], [5, 7], lens=[5, 7])
+    assert _forward(mirrored, probe, "DECODE", [1, 2], [8, 9])[0] == [5, 7]
+    _forward(mirrored, probe, "EXTEND", [3], [4], lens=[4])
+    assert _forward(mirrored, probe, "DECODE", [2, 3, 1], [11, 6, 10])[0] == [9, 4, 8]
+    # The relay's row for slot 3 goes stale (as if a publish had not been seen).
+    mirrored.dx_copies[mirrored.dx_copy_id % 2][3] = 5
+    with pytest.raises(RuntimeError, match=r"relayed host lengths \[10, 11, 5\] differ from the "
+                                           r"published \[10, 11, 6\]"):
+        _forward(mirrored, probe, "DECODE", [1, 2, 3], [12, 13, 7])
+
+
+def test_without_the_check_a_stale_relay_is_not_read_back(mirrored, probe, monkeypatch):
+    """Unset, the relayed lengths are used as they are (no device read): the check costs
+    nothing in serving."""
+    monkeypatch.delenv("SGLANG_FUTUREMAP_RELAY_CHECK", raising=False)
+    _forward(mirrored, probe, "EXTEND", [1, 2], [5, 7], lens=[5, 7])
+    _forward(mirrored, probe, "DECODE", [1, 2], [8, 9])
+    mirrored.dx_copies[mirrored.dx_copy_id % 2][2] = 3
+    assert _forward(mirrored, probe, "DECODE", [1, 2], [10, 11]) == ([8, 3], False)

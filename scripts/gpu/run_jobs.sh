@@ -13,7 +13,8 @@
 # A job is NAME|GPUS|COMMAND. COMMAND runs under bash with CUDA_VISIBLE_DEVICES=GPUS, OUT=$OUT/NAME
 # and the entry points' skip-install knobs set; its output goes to $OUT/NAME/job.log. Several
 # commands in one job run one after the other: 'e|0,1|OUT=$OUT/a bash ...; OUT=$OUT/b bash ...'
-# (single quotes: $OUT is the job's). Give each job's servers their own ports (--port).
+# (single quotes: $OUT is the job's). Give each job's servers their own ports (--port); the
+# harnesses' own port blocks keep to a slice per job (GPU_HARNESS_PORT_SLICE=K/N, job K of N).
 # At the end everything under $OUT goes into one archive, $OUT/jobs.tar.gz (the device box brings
 # back a limited number of files; JOBS_ARCHIVE=0 leaves the folders as they are).
 # JOBS_SKIP_INSTALL=1: the plugin is installed already (only its entry point is checked);
@@ -55,12 +56,14 @@ gpu_use_bundle "$SITE"
 gpu_install_plugin "${JOBS_SKIP_INSTALL:-0}" > "$OUT/setup.log" 2>&1 || { echo "setup FAILED"; cat "$OUT/setup.log"; exit 2; }
 
 pids=()
+k=0
 for job in "$@"; do
     IFS='|' read -r name gpus command <<< "$job"
+    k=$((k + 1))
     mkdir -p "$OUT/$name"
     echo "== job $name on GPUs $gpus: $command"
     CUDA_VISIBLE_DEVICES="$gpus" OUT="$OUT/$name" SERVE_SKIP_INSTALL=1 E2E_SKIP_INSTALL=1 \
-        SERVE_SITE="$SITE" E2E_SITE="$SITE" \
+        SERVE_SITE="$SITE" E2E_SITE="$SITE" GPU_HARNESS_PORT_SLICE="$k/$#" \
         bash -c "$command" > "$OUT/$name/job.log" 2>&1 &
     pids+=($!)
 done

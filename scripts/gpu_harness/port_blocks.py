@@ -15,6 +15,7 @@ DP attention derives ``port + 13`` and ``port + 233 ..+237`` and is refused here
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import threading
@@ -30,6 +31,25 @@ PORT_BLOCK = 16
 PORT_LO = 20000
 PORT_HI = 30000
 GRPC_OFFSET = 10000
+#: ``K/N``: this harness takes the K-th of N equal slices of the block range (1-based), so that
+#: harnesses started side by side on one machine (``scripts/gpu/run_jobs.sh`` sets it per job)
+#: never hand out the same block. A block is checked free when it is handed out, not when its
+#: Engine binds it, so two harnesses picking from one range can collide (seen: EADDRINUSE on an
+#: NCCL port, two e2e shards on one machine).
+PORT_SLICE_ENV = "GPU_HARNESS_PORT_SLICE"
+
+
+def port_slice(lo: int, hi: int, spec: str) -> tuple[int, int]:
+    """The ``[lo, hi)`` of slice ``spec`` (``K/N``, 1 <= K <= N) of the blocks in ``[lo, hi)``."""
+    try:
+        k, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"{PORT_SLICE_ENV} must be K/N, got {spec!r}") from None
+    blocks = (hi - lo) // PORT_BLOCK
+    if not 1 <= k <= n or blocks // n < 1:
+        raise ValueError(f"{PORT_SLICE_ENV}={spec!r}: no such slice of {blocks} port blocks")
+    per = blocks // n
+    return lo + (k - 1) * per * PORT_BLOCK, lo + k * per * PORT_BLOCK
 
 
 @dataclass(frozen=True)
@@ -78,11 +98,15 @@ def port_is_free(port: int) -> bool:
 
 class PortAllocator:
     """Hands out disjoint :class:`PortBlock` s, one per Engine, never the same block twice in a
-    run. Starts at a random block (two harnesses on one machine rarely meet) and skips blocks
-    whose ports something else holds. Thread-safe."""
+    run. Starts at a random block and skips blocks whose ports something else holds; with
+    ``GPU_HARNESS_PORT_SLICE=K/N`` it keeps to its own slice of the range (harnesses side by
+    side). Thread-safe."""
 
     def __init__(self, lo: int = PORT_LO, hi: int = PORT_HI, *, rng: random.Random | None = None,
-                 is_free: Callable[[int], bool] = port_is_free) -> None:
+                 is_free: Callable[[int], bool] = port_is_free, slice_spec: str | None = None) -> None:
+        spec = os.environ.get(PORT_SLICE_ENV, "").strip() if slice_spec is None else slice_spec
+        if spec:
+            lo, hi = port_slice(lo, hi, spec)
         self.bases = list(range(lo, hi - PORT_BLOCK + 1, PORT_BLOCK))
         if not self.bases:
             raise ValueError(f"no port block fits in [{lo}, {hi})")

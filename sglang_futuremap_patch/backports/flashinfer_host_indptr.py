@@ -27,11 +27,29 @@ still feed the KV-index kernel. ``plan()`` makes the same plan from the same int
 uploads them (a host-to-device copy, which waits for nothing), so the kernels read the same
 values as in stock: token-identical by construction. Only a plain extend takes it (no spec
 input, no multi-item scoring, host lengths of the batch's size); verify, sliding-window and
-cross-attention plans are unchanged. **On by default**: on a GPU the e2e ``fiplan`` group
+cross-attention plans are unchanged.
+
+The fence: ``plan()`` writes its plan into the wrapper's pinned host buffer and queues the copy
+of that buffer to the device without waiting. Stock's read-back made every ``plan()`` wait for
+the queue first, so the previous copy had always run before the buffer was rewritten. Without
+that wait, two plans of one wrapper in a row (consecutive prefills, which nothing between them
+makes the host wait for) let the second plan overwrite the buffer before the first copy read
+it, and the first forward ran with the second batch's plan: an illegal memory access in the
+serving benchmark at concurrency 45 (results/serve-bench/h200x4-fence-2026-11-27; the same
+hazard mini-sglang fixed in its FlashInfer backend). So ``flashinfer_plans_queued`` records an
+event per wrapper after its plans, and ``flashinfer_plan_fence`` waits for it before that
+wrapper's next host plan: for the previous plan's copy, which is queued before the previous
+forward, so the host still waits less than stock. In the decode loop the verify's own plan
+(device indptrs, a full wait) lies between two draft-extend plans, so the fence finds the
+event done. ``tests/gpu/test_flashinfer_plan_fence.py`` shows both on a GPU: with the fence
+the device gets the first plan, without it the second.
+
+**On by default**: on a GPU the e2e ``fiplan`` group
 (FlashInfer, five workloads, the check below on) is token-identical to stock, and the serving
 FlashInfer row has TPOT p50 x1.36-1.54 and TTFT p50 x1.11-1.31 at concurrency 1-48
-(results/serve-bench/h100x2-fiplan-2026-11-27). ``SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR=0``
-keeps the device indptrs;
+(results/serve-bench/h100x2-fiplan-2026-11-27); with the fence, ``fiplan`` and the FlashInfer
+cases of ``mrelay`` 7 of 7 (results/serve-bench/h200x4-fence-2026-11-27).
+``SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR=0`` keeps the device indptrs;
 ``SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR_CHECK=1`` reads the device indptrs back and raises
 on any difference (a host wait per plan; for test runs).
 """
@@ -111,6 +129,45 @@ def flashinfer_plan_indptrs(host_indptrs, qo_indptr, kv_indptr, kv_last_page_len
     return host_indptrs
 
 
+def flashinfer_plan_fence(wrappers, host_indptrs):
+    """Before ``plan()`` is handed host indptrs: wait until each wrapper's previous plan has
+    been copied to the device.
+
+    ``plan()`` writes its plan into the wrapper's pinned host buffer and queues a copy of that
+    buffer to the device (``cudaMemcpyAsync``, no wait). Stock's device indptrs made every
+    ``plan()`` wait for the queued work first (``qo_indptr.to("cpu")``), so that copy had run
+    before the next plan rewrote the buffer. Host indptrs remove that wait: two plans of one
+    wrapper in a row (consecutive prefills) would let the second overwrite the buffer before
+    the first copy has read it, and the first forward would run with the second's plan (seen
+    on a GPU: an illegal memory access). The wait here is for the previous plan's copy only,
+    which is queued before that plan's forward: less than stock waited.
+    """
+    if host_indptrs is None:
+        return  # plan() reads device indptrs back: it waits for everything queued itself
+    for wrapper in wrappers:
+        copied = getattr(wrapper, "_sglang_futuremap_plan_copied", None)
+        if copied is not None:
+            copied.synchronize()
+
+
+def flashinfer_plans_queued(wrappers, device):
+    """After ``plan()``: mark, on the current stream, where each wrapper's plan copy was
+    queued (``flashinfer_plan_fence`` waits for it before that wrapper's next host plan).
+    Nothing with ``SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR=0`` (stock: every plan waits)."""
+    if os.environ.get("SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR", "").strip() == "0":
+        return
+    if device.type == "meta":
+        return
+    for wrapper in wrappers:
+        if wrapper is None:
+            continue
+        copied = getattr(wrapper, "_sglang_futuremap_plan_copied", None)
+        if copied is None:
+            copied = torch.get_device_module(device).Event()
+            wrapper._sglang_futuremap_plan_copied = copied
+        copied.record()
+
+
 _SINGLE_WRAPPER_EDITS = (
     TextEdit(
         old="""\
@@ -155,12 +212,25 @@ _CALL_BEGIN_FORWARD_EDITS = (
     plan_qo_indptr, plan_kv_indptr, plan_last_page_len = flashinfer_plan_indptrs(
         host_indptrs, qo_indptr, kv_indptr, self.kv_last_page_len[:bs]
     )
+    planned = (wrapper_ragged if use_ragged else None, wrapper_paged)
+    flashinfer_plan_fence(planned, host_indptrs)
 
     # extend part
     if use_ragged:
         wrapper_ragged.begin_forward(
             plan_qo_indptr,
             plan_qo_indptr,
+""",
+    ),
+    TextEdit(
+        old="""\
+        max_item_len_ptr=max_item_len_ptr,
+    )
+""",
+        new="""\
+        max_item_len_ptr=max_item_len_ptr,
+    )
+    flashinfer_plans_queued(planned, qo_indptr.device)
 """,
     ),
     TextEdit(
@@ -195,6 +265,8 @@ BACKPORT = Backport(
         Target(_FLASHINFER, "flashinfer_extend_host_indptrs", flashinfer_extend_host_indptrs,
                expected=ABSENT),
         Target(_FLASHINFER, "flashinfer_plan_indptrs", flashinfer_plan_indptrs, expected=ABSENT),
+        Target(_FLASHINFER, "flashinfer_plan_fence", flashinfer_plan_fence, expected=ABSENT),
+        Target(_FLASHINFER, "flashinfer_plans_queued", flashinfer_plans_queued, expected=ABSENT),
         Target(_FLASHINFER, "FlashInferIndicesUpdaterPrefill.update_single_wrapper", None,
                expected="97fc84a611319459", kind="edit", edits=_SINGLE_WRAPPER_EDITS),
         Target(_FLASHINFER, "FlashInferIndicesUpdaterPrefill.call_begin_forward", None,

@@ -30,7 +30,9 @@ exactly the values the mirror would have copied. Anything else (lengths publishe
 PD-decode bootstrap) takes the mirror as before.
 
 The same integers either way: the batch, the backend's metadata and the tokens are those of the
-mirror. ``=0`` (or anything but 1), or unset with a chain (FlashInfer, trtllm), leaves the mirror
+mirror. ``SGLANG_FUTUREMAP_RELAY_CHECK=1`` (test runs) proves it at run time: every relayed
+length is compared with the published device lengths (a device-wide wait per decode), and a
+difference raises before the launch. ``=0`` (or anything but 1), or unset with a chain (FlashInfer, trtllm), leaves the mirror
 path exactly as before.
 
 Measured (4 x H200, 2026-11-26, results/serve-bench/h200x4-relay-2026-11-26): e2e ``mrelay`` 4/4
@@ -42,13 +44,17 @@ result still waits for the next launch. With back-port 16's switch as well, TTFT
 0.95 / 1.01 (6 boots) and TPOT x1.16 / 1.18 / 1.06. FlashInfer 8 / 48 reads as without it (2
 boots). On by default for trees since then, together with back-port 16 (results/serve-bench/
 h200x4-treedefault-2026-11-26: tree-v2 e2e 18/18 with both on by default); off for chains,
-where it read the same as without it (FlashInfer).
+where it read the same as without it (FlashInfer). With back-port 23 on FlashInfer (1 boot,
+results/serve-bench/h200x4-fence-2026-11-27): TTFT p50 x1.00-1.51 at 16-48 but ITL p99 x0.805 /
+0.575 at 32 / 45, so still off for chains. The first such run crashed: that was back-port 23's
+reused plan buffer, fixed there (its fence).
 """
 
 from __future__ import annotations
 
 import os
 
+import torch
 from sglang.srt.server_args import get_global_server_args
 
 from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
@@ -56,6 +62,9 @@ from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
 #: 1: a mirrored backend's decodes read their host lengths from the relay, 0: never; unset:
 #: for trees (topk > 1) only.
 MIRROR_RELAY_ENV = "SGLANG_FUTUREMAP_MIRROR_RELAY"
+#: 1: every relayed length is checked against the published device lengths (a host wait per
+#: decode; for test runs).
+RELAY_CHECK_ENV = "SGLANG_FUTUREMAP_RELAY_CHECK"
 
 # --------------------------------------------------------------------------- FutureMap
 
@@ -73,6 +82,21 @@ def relays_host_lens(self) -> bool:
     return (get_global_server_args().speculative_eagle_topk or 1) > 1
 
 
+def check_relayed_seq_lens(self, batch, relayed):
+    """``SGLANG_FUTUREMAP_RELAY_CHECK=1``: raise unless ``relayed`` (the host lengths the relay
+    gave a decode) equals what the mirror would have copied, the published device lengths of
+    the batch's pool slots once everything queued has run. Waits for the whole device: a
+    check for test runs, never for serving."""
+    torch.get_device_module(self.device).synchronize()
+    slots = self.batch_pool_slots(batch)
+    published = self.new_seq_lens_buf[slots.to(self.new_seq_lens_buf.device)].cpu()
+    if published.tolist() != relayed.tolist():
+        raise RuntimeError(
+            "sglang_futuremap_patch mirror-relay-lens: relayed host lengths "
+            f"{relayed.tolist()} differ from the published {published.tolist()} "
+            f"(pool slots {slots.tolist()}, mode {batch.forward_mode})")
+
+
 # --------------------------------------------------------------------------- text edits
 
 _RESOLVE_EDITS = (
@@ -87,6 +111,8 @@ _RESOLVE_EDITS = (
     if relayed is not None:
         # An eager batch, or a decode on a mirrored backend with the relay switched on:
         # the relay has its lengths without waiting for a prefill.
+        if os.environ.get("SGLANG_FUTUREMAP_RELAY_CHECK", "").strip() == "1":
+            self.check_relayed_seq_lens(batch, relayed)
 """,
     ),
 )
@@ -150,6 +176,8 @@ BACKPORT = Backport(
         Target(_OVERLAP, "get_global_server_args", get_global_server_args, expected=ABSENT,
                kind="value", import_line="from sglang.srt.server_args import get_global_server_args"),
         Target(_OVERLAP, "FutureMap.relays_host_lens", relays_host_lens, expected=ABSENT),
+        Target(_OVERLAP, "FutureMap.check_relayed_seq_lens", check_relayed_seq_lens,
+               expected=ABSENT),
         Target(_OVERLAP, "FutureMap.resolve_seq_lens_cpu", None, expected="0c14d3d88a3b689b",
                kind="edit", edits=_RESOLVE_EDITS),
         Target(_OVERLAP, "FutureMap.lend_draft_extend_lens", None, expected="7f822d15dca80de7",
