@@ -812,6 +812,77 @@ def host_speed_svg(rows: list[dict[str, Any]], fits: list[dict[str, Any]], title
     return "\n".join(out + ["</svg>"]) + "\n"
 
 
+#: Client sends less than this apart, one after the other, form one wave: a closed loop sends a
+#: new request as each one finishes, and requests that finish together are re-sent in a chain.
+WAVE_GAP_S = 0.005
+
+
+def intake_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per run and cell: how the API server took in the measured requests.
+
+    The client's sends (``client_requests``' start stamps) fall into waves, each send less than
+    ``WAVE_GAP_S`` after the one before. The API server's one event loop takes a wave in request
+    by request while it also sends the outputs of the requests it serves, so a request's way
+    from the client's call to the API server's receipt (``api`` events, paired in order as
+    ``gpu_serve_bench.client_split`` pairs them) grows with the loop's other work. Rows:
+    concurrency, variant, boot, requests; the large waves (at least half the concurrency) and
+    the share of requests in them; within them, the median gap between consecutive receipts
+    (``spacing_ms``) and the mean number of first outputs the API server sent between a wave's
+    first and last receipt (``firsts_during_intake``: the wave's own early requests, served
+    before its last one was taken in); the client-to-API median."""
+    rows = []
+    for run, events, c, lo, hi in measured_windows(record, by_run):
+        cell = run["cells"].get(str(c)) or run["cells"].get(c) or {}
+        n = cell.get("completed") or 0
+        sent = sorted((r for r in cell.get("client_requests") or [] if r[1] is not None), key=lambda r: r[0])
+        api_all = [e for e in events if e["kind"] == "api" and e.get("first") is not None]
+        api = sorted((e for e in api_all if e["received"] < hi), key=lambda e: e["received"])
+        if n <= 1 or len(sent) < n or len(api) < n:
+            continue
+        sent, api = sent[-n:], api[-n:]
+        gaps = [a["received"] - r[0] for r, a in zip(sent, api)]
+        if min(gaps) < -1e-3:
+            continue  # the order did not hold: no pairing
+        waves, cur = [], [0]
+        for i in range(1, n):
+            if sent[i][0] - sent[i - 1][0] < WAVE_GAP_S:
+                cur.append(i)
+            else:
+                waves.append(cur)
+                cur = [i]
+        waves.append(cur)
+        large = [b for b in waves if 2 * len(b) >= c and len(b) > 1]
+        spacing = [api[i]["received"] - api[i - 1]["received"] for b in large for i in b[1:]]
+        firsts = sorted(e["first"] for e in api_all)
+        during = [bisect.bisect_left(firsts, api[b[-1]]["received"])
+                  - bisect.bisect_right(firsts, api[b[0]]["received"]) for b in large]
+        rows.append({"concurrency": c, "variant": run["variant"], "boot": run["boot"], "requests": n,
+                     "large_waves": len(large),
+                     "in_large_waves": round(sum(len(b) for b in large) / n, 3),
+                     "spacing_ms": _ms(spacing),
+                     "firsts_during_intake": round(statistics.mean(during), 1) if during else None,
+                     "client_to_api_p50_ms": round(statistics.median(gaps) * 1e3, 2)})
+    return rows
+
+
+def intake_table(rows: list[dict[str, Any]]) -> str:
+    """Per concurrency, every run's row, stock first."""
+    lines = ["The API server's intake of the measured requests (`--intake`): client sends less than "
+             f"{WAVE_GAP_S * 1e3:g} ms apart, one after the other, form a wave; large: at least half the concurrency; "
+             "spacing: median gap between the API server's receipts within a large wave; first outputs: "
+             "requests the API server sent a first output for while taking a large wave in (mean per wave); "
+             "client -> API: the client's call to the API server's receipt, median.", "",
+             "| conc | variant | boot | requests | large waves | requests in them | spacing ms | "
+             "first outputs during the intake | client -> API p50 ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: _side_order(r["concurrency"], r["variant"]) + (r["boot"],)):
+        firsts = "-" if r["firsts_during_intake"] is None else f"{r['firsts_during_intake']:.1f}"
+        lines.append(f"| {r['concurrency']} | {r['variant']} | {r['boot']} | {r['requests']} | {r['large_waves']} | "
+                     f"{r['in_large_waves']:.0%} | {_cell(r['spacing_ms'])} | {firsts} | "
+                     f"{r['client_to_api_p50_ms']:.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -831,6 +902,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-speed", action="store_true",
                    help="instead: each server's cells by its host's speed (its small prefill launches' CPU time) beside "
                         "their TTFT, and per concurrency both sides compared at the same host speed")
+    p.add_argument("--intake", action="store_true",
+                   help="instead: how the API server took in each cell's requests: the client's send waves, the "
+                        "API server's time per request within a wave, the client-to-API median")
     p.add_argument("--plot", type=Path, help="with --host-speed: also write an SVG of the cells and the fits there")
     p.add_argument("--variant", default="patched",
                    help="with --strata or --host-speed: the variant set beside stock (default patched; e.g. "
@@ -842,8 +916,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot and not args.host_speed:
         print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
         return 2
-    if args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed > 1:
-        print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --host-speed",
+    if args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed + args.intake > 1:
+        print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --host-speed, "
+              "--intake",
               file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
@@ -875,6 +950,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = launch_split([(str(path.parent), record, by_run) for path, record, by_run in pairs])
     elif args.stalls:
         rows = [row for _, record, by_run in pairs for row in stall_rows(record, by_run)]
+    elif args.intake:
+        rows = [row for _, record, by_run in pairs for row in intake_rows(record, by_run)]
     elif args.strata:
         rows = strata_rows([(record, by_run) for _, record, by_run in pairs], args.variant)
     else:
@@ -894,6 +971,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stalls:
         print(json.dumps({"stalls": rows}, indent=1) if args.json else stall_table(rows))
+        return 0
+    if args.intake:
+        print(json.dumps({"intake": rows}, indent=1) if args.json else intake_table(rows))
         return 0
     if args.strata:
         print(json.dumps({"strata": rows}, indent=1) if args.json else strata_table(rows))

@@ -576,3 +576,44 @@ def test_host_speed_plot_draws_every_cell_and_each_sides_line(tmp_path: Path, ca
     capsys.readouterr()
     assert spb.main(["--launches", "--plot", str(plot), str(rec), str(logs)]) == 2
     assert "--plot goes with --host-speed" in capsys.readouterr().err
+
+
+def test_intake_measures_how_the_api_server_took_in_a_wave_of_requests(tmp_path: Path, capsys) -> None:
+    """A closed loop re-sends finished requests in a chain (sends 1 ms apart: one wave). The API
+    server takes them in one by one: 1 ms apart on stock, 2 ms on patched, where it also sent the
+    first outputs of the wave's two earliest requests before it had taken the last one in. The
+    client-to-API median grows with that spacing."""
+    prefills = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
+    rec = {"environment": {"config": {"concurrency": [2, 4], "rounds": 2, "min_prompts": 0, "warmup": "wave"}},
+           "runs": []}
+    files = {}
+    for variant, spacing, early in (("stock", 0.001, 0), ("patched", 0.002, 2)):
+        ev = _events(prefills)
+        t_s = next(e["t"] for e in ev if e.get("rid") == "s0")
+        sends = [t_s - 0.05 + 0.001 * i for i in range(8)]
+        received = [send + 0.004 + (spacing - 0.001) * i for i, send in enumerate(sends)]
+        last = received[-1]
+        for i in range(8):
+            first = received[i] + 0.002 if i < early else last + 0.01
+            ev.append({"kind": "api", "t": received[i], "rid": f"s{i}", "received": received[i], "first": first})
+        ev.sort(key=lambda e: e["t"])
+        files[f"timeline/{variant}-boot0/timeline-1.json"] = {"events": ev}
+        rec["runs"].append({"variant": variant, "boot": 0, "cells": {
+            "2": {"median_ttft_ms": 5.0},
+            "4": {"median_ttft_ms": 5.0, "completed": 8, "client_requests": [[s, 0.02] for s in sends]}}})
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(rec))
+    logs = _tar(tmp_path / "l.tar.gz", files)
+    assert spb.main(["--intake", "--json", str(path), str(logs)]) == 0
+    rows = {r["variant"]: r for r in json.loads(capsys.readouterr().out)["intake"]}
+    assert set(rows) == {"stock", "patched"}  # cell 2 has no client stamps: no row
+    stock, patched = rows["stock"], rows["patched"]
+    assert stock["concurrency"] == 4 and stock["large_waves"] == 1 and stock["in_large_waves"] == 1.0
+    assert stock["spacing_ms"] == pytest.approx(1.0) and patched["spacing_ms"] == pytest.approx(2.0)
+    assert stock["firsts_during_intake"] == 0 and patched["firsts_during_intake"] == 2
+    assert stock["client_to_api_p50_ms"] == pytest.approx(4.0) and patched["client_to_api_p50_ms"] == pytest.approx(7.5)
+    assert spb.main(["--intake", str(path), str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert "| 4 | stock | 0 | 8 | 1 | 100% | 1.00 | 0.0 | 4.0 |" in out
+    assert "| 4 | patched | 0 | 8 | 1 | 100% | 2.00 | 2.0 | 7.5 |" in out
+    assert spb.main(["--intake", "--stalls", str(path), str(logs)]) == 2
