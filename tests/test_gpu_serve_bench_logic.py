@@ -142,11 +142,27 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
                                    "patched-early-intake", "patched-fi-host-sum", "patched-no-early-intake",
                                    "patched-no-fi-host-sum", "patched-mirror-relay",
                                    "patched-relay-prefill-first", "patched-tree-switches-off",
-                                   "patched-serial-prefills"}
+                                   "patched-serial-prefills", "patched-mirror-relay-check",
+                                   "patched-mirror-relay-device-indptr"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
     assert summary["ratio_patched-prefill-first"][32]["median_ttft_ms"] == pytest.approx(100 / 120)
+
+
+def test_the_check_variants_set_the_switches_they_name() -> None:
+    """The variants that found back-port 23's crash: both checks on, or back-port 23 off, each
+    with back-port 22 switched on (the switch names are the back-ports' own)."""
+    from sglang_futuremap_patch.backports import flashinfer_host_indptr, mirror_relay_lens
+
+    mode, env = sb.MODES["patched-mirror-relay-check"]
+    assert mode == "strict" and env == {mirror_relay_lens.MIRROR_RELAY_ENV: "1",
+                                        mirror_relay_lens.RELAY_CHECK_ENV: "1",
+                                        flashinfer_host_indptr.HOST_INDPTR_CHECK_ENV: "1"}
+    mode, env = sb.MODES["patched-mirror-relay-device-indptr"]
+    assert mode == "strict" and env == {mirror_relay_lens.MIRROR_RELAY_ENV: "1",
+                                        flashinfer_host_indptr.HOST_INDPTR_ENV: "0"}
+    assert {"patched-mirror-relay-check", "patched-mirror-relay-device-indptr"} <= set(sb.MODE_NOTES)
 
 
 def _run(variant: str, boot: int, ttft: float, tpot: float, tput: float) -> dict:
