@@ -129,7 +129,7 @@ def flashinfer_plan_indptrs(host_indptrs, qo_indptr, kv_indptr, kv_last_page_len
     return host_indptrs
 
 
-def flashinfer_plan_fence(wrappers, host_indptrs):
+def flashinfer_plan_fence(wrappers: tuple, host_indptrs: Optional[tuple]) -> None:
     """Before ``plan()`` is handed host indptrs: wait until each wrapper's previous plan has
     been copied to the device.
 
@@ -150,7 +150,7 @@ def flashinfer_plan_fence(wrappers, host_indptrs):
             copied.synchronize()
 
 
-def flashinfer_plans_queued(wrappers, device):
+def flashinfer_plans_queued(wrappers: tuple, device: torch.device) -> None:
     """After ``plan()``: mark, on the current stream, where each wrapper's plan copy was
     queued (``flashinfer_plan_fence`` waits for it before that wrapper's next host plan).
     Nothing with ``SGLANG_FUTUREMAP_FLASHINFER_HOST_INDPTR=0`` (stock: every plan waits)."""

@@ -32,8 +32,8 @@ PD-decode bootstrap) takes the mirror as before.
 The same integers either way: the batch, the backend's metadata and the tokens are those of the
 mirror. ``SGLANG_FUTUREMAP_RELAY_CHECK=1`` (test runs) proves it at run time: every relayed
 length is compared with the published device lengths (a device-wide wait per decode), and a
-difference raises before the launch. ``=0`` (or anything but 1), or unset with a chain (FlashInfer, trtllm), leaves the mirror
-path exactly as before.
+difference raises before the launch. ``=0`` (or anything but 1), or unset with a chain
+(FlashInfer, trtllm), leaves the mirror path exactly as before.
 
 Measured (4 x H200, 2026-11-26, results/serve-bench/h200x4-relay-2026-11-26): e2e ``mrelay`` 4/4
 (FlashInfer chains token for token against stock, the FA3 trees as the tree-v2 cases are judged).
@@ -82,7 +82,7 @@ def relays_host_lens(self) -> bool:
     return (get_global_server_args().speculative_eagle_topk or 1) > 1
 
 
-def check_relayed_seq_lens(self, batch, relayed):
+def check_relayed_seq_lens(self, batch, relayed: torch.Tensor) -> None:
     """``SGLANG_FUTUREMAP_RELAY_CHECK=1``: raise unless ``relayed`` (the host lengths the relay
     gave a decode) equals what the mirror would have copied, the published device lengths of
     the batch's pool slots once everything queued has run. Waits for the whole device: a
