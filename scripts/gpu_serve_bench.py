@@ -904,32 +904,45 @@ def add_sched_breakdown(run: dict[str, Any], timeline_dir: Path, windows: dict[i
             cell["sched"].update(client_split(cell["client_requests"], events, lo, hi, cell.get("completed")))
 
 
-def client_split(requests: Sequence[Sequence[float | None]], events: Sequence[dict[str, Any]], lo: float, hi: float,
-                 measured: int | None) -> dict[str, Any]:
-    """The client's TTFT outside the API server, per measured request of a cell: the client's
-    call -> the API server's receipt (``client_to_api_ms``: HTTP intake) and the API server's first
-    output -> the client's first chunk (``api_to_client_ms``: streaming out), medians in ms.
+def client_api_pairs(requests: Sequence[Sequence[float | None]], events: Sequence[dict[str, Any]], lo: float,
+                     hi: float, measured: int | None) -> list[tuple[Sequence[float], dict[str, Any]]] | None:
+    """The measured requests of a cell, each as ``(client [start, ttft], API server api event)``.
 
     ``requests`` are the client's ``[start, ttft]`` stamps (``serve_bench_client``, warm-up first),
     the API server's ``api`` events in ``[lo, hi)`` its own stamps of the same requests (same host,
     same ``time.time()`` clock). The last ``measured`` of each, in order of arrival, are paired in
     that order (``bench_serving`` sends them through one HTTP server, which takes them in as they
-    come). None for both when the counts do not match or a pair goes back in time by more than
-    1 ms (then the order did not hold)."""
-    none = {"client_to_api_ms": None, "api_to_client_ms": None, "client_pairs": 0}
+    come). None when the counts do not match or a receipt comes before its call by more than 1 ms
+    (then the order did not hold)."""
     api = sorted((e for e in events if e["kind"] == "api" and e.get("first") is not None and lo <= e["received"] < hi),
                  key=lambda e: e["received"])
     sent = sorted((r for r in requests if r[1] is not None), key=lambda r: r[0])
     n = measured or 0
     if n <= 0 or len(api) < n or len(sent) < n:
-        return none
+        return None
     pairs = list(zip(sent[-n:], api[-n:]))
+    if min(a["received"] - start for (start, _), a in pairs) < -1e-3:
+        return None
+    return pairs
+
+
+def client_split(requests: Sequence[Sequence[float | None]], events: Sequence[dict[str, Any]], lo: float, hi: float,
+                 measured: int | None) -> dict[str, Any]:
+    """The client's TTFT outside the API server, per measured request of a cell
+    (``client_api_pairs``): the client's call -> the API server's receipt (``client_to_api_ms``:
+    HTTP intake) and the API server's first output -> the client's first chunk
+    (``api_to_client_ms``: streaming out), medians in ms. None for both when the requests cannot
+    be paired or a first chunk comes before its first output by more than 1 ms."""
+    none = {"client_to_api_ms": None, "api_to_client_ms": None, "client_pairs": 0}
+    pairs = client_api_pairs(requests, events, lo, hi, measured)
+    if pairs is None:
+        return none
     intake = [a["received"] - start for (start, _), a in pairs]
     out = [start + ttft - a["first"] for (start, ttft), a in pairs]
-    if min(intake) < -1e-3 or min(out) < -1e-3:
+    if min(out) < -1e-3:
         return none
     return {"client_to_api_ms": round(statistics.median(intake) * 1e3, 2),
-            "api_to_client_ms": round(statistics.median(out) * 1e3, 2), "client_pairs": n}
+            "api_to_client_ms": round(statistics.median(out) * 1e3, 2), "client_pairs": len(pairs)}
 
 
 def environment(args: argparse.Namespace) -> dict[str, Any]:

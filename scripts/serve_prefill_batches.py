@@ -823,8 +823,8 @@ def intake_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]])
     The client's sends (``client_requests``' start stamps) fall into waves, each send less than
     ``WAVE_GAP_S`` after the one before. The API server's one event loop takes a wave in request
     by request while it also sends the outputs of the requests it serves, so a request's way
-    from the client's call to the API server's receipt (``api`` events, paired in order as
-    ``gpu_serve_bench.client_split`` pairs them) grows with the loop's other work. Rows:
+    from the client's call to the API server's receipt (``api`` events, paired with the calls by
+    ``gpu_serve_bench.client_api_pairs``) grows with the loop's other work. Rows:
     concurrency, variant, boot, requests; the large waves (at least half the concurrency) and
     the share of requests in them; within them, the median gap between consecutive receipts
     (``spacing_ms``) and the mean number of first outputs the API server sent between a wave's
@@ -834,15 +834,11 @@ def intake_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]])
     for run, events, c, lo, hi in measured_windows(record, by_run):
         cell = run["cells"].get(str(c)) or run["cells"].get(c) or {}
         n = cell.get("completed") or 0
-        sent = sorted((r for r in cell.get("client_requests") or [] if r[1] is not None), key=lambda r: r[0])
-        api_all = [e for e in events if e["kind"] == "api" and e.get("first") is not None]
-        api = sorted((e for e in api_all if e["received"] < hi), key=lambda e: e["received"])
-        if n <= 1 or len(sent) < n or len(api) < n:
+        pairs = serve.client_api_pairs(cell.get("client_requests") or [], events, float("-inf"), hi, n)
+        if n <= 1 or pairs is None:
             continue
-        sent, api = sent[-n:], api[-n:]
-        gaps = [a["received"] - r[0] for r, a in zip(sent, api)]
-        if min(gaps) < -1e-3:
-            continue  # the order did not hold: no pairing
+        sent, api = [r for r, _ in pairs], [a for _, a in pairs]
+        gaps = [a["received"] - r[0] for r, a in pairs]
         waves, cur = [], [0]
         for i in range(1, n):
             if sent[i][0] - sent[i - 1][0] < WAVE_GAP_S:
@@ -853,7 +849,7 @@ def intake_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]])
         waves.append(cur)
         large = [b for b in waves if 2 * len(b) >= c and len(b) > 1]
         spacing = [api[i]["received"] - api[i - 1]["received"] for b in large for i in b[1:]]
-        firsts = sorted(e["first"] for e in api_all)
+        firsts = sorted(e["first"] for e in events if e["kind"] == "api" and e.get("first") is not None)
         during = [bisect.bisect_left(firsts, api[b[-1]]["received"])
                   - bisect.bisect_right(firsts, api[b[0]]["received"]) for b in large]
         rows.append({"concurrency": c, "variant": run["variant"], "boot": run["boot"], "requests": n,
