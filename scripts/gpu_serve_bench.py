@@ -910,17 +910,22 @@ def client_api_pairs(requests: Sequence[Sequence[float | None]], events: Sequenc
 
     ``requests`` are the client's ``[start, ttft]`` stamps (``serve_bench_client``, warm-up first),
     the API server's ``api`` events in ``[lo, hi)`` its own stamps of the same requests (same host,
-    same ``time.time()`` clock). The last ``measured`` of each, in order of arrival, are paired in
-    that order (``bench_serving`` sends them through one HTTP server, which takes them in as they
-    come). None when the counts do not match or a receipt comes before its call by more than 1 ms
+    same ``time.time()`` clock). The last ``measured`` calls and the first ``measured`` receipts
+    from 1 ms before the first of those calls on are paired in order (``bench_serving`` sends them
+    through one HTTP server, which takes them in as they come; its warm-up is over before they
+    start, and a window that reaches into the next cell holds that cell's first receipts after
+    them). None when the counts do not match or a receipt comes before its call by more than 1 ms
     (then the order did not hold)."""
-    api = sorted((e for e in events if e["kind"] == "api" and e.get("first") is not None and lo <= e["received"] < hi),
-                 key=lambda e: e["received"])
     sent = sorted((r for r in requests if r[1] is not None), key=lambda r: r[0])
     n = measured or 0
-    if n <= 0 or len(api) < n or len(sent) < n:
+    if n <= 0 or len(sent) < n:
         return None
-    pairs = list(zip(sent[-n:], api[-n:]))
+    start = sent[-n][0] - 1e-3
+    api = sorted((e for e in events if e["kind"] == "api" and e.get("first") is not None
+                  and max(lo, start) <= e["received"] < hi), key=lambda e: e["received"])
+    if len(api) < n:
+        return None
+    pairs = list(zip(sent[-n:], api[:n]))
     if min(a["received"] - start for (start, _), a in pairs) < -1e-3:
         return None
     return pairs

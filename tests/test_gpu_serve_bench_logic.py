@@ -1315,6 +1315,13 @@ def test_client_split_pairs_the_measured_requests_with_the_api_servers_own_stamp
     assert sb.client_split(requests, early, t - 1, t + 9, measured=3) == none
     # Window: events outside [lo, hi) are not this cell's.
     assert sb.client_split(requests, api, t + 1.05, t + 9, measured=3) == none
+    # A window that reaches into the next cell holds that cell's first receipts after the measured
+    # ones; they are not paired with this cell's calls.
+    nxt = [{"kind": "api", "rid": f"n{i}", "received": t + 2.0 + i / 10, "first": t + 2.1 + i / 10,
+            "dispatch": t + 2.0} for i in range(2)]
+    assert sb.client_split(requests, api + nxt, t - 1, t + 9, measured=3) == got
+    assert sb.client_api_pairs(requests, api + nxt, float("-inf"), t + 9, 3) == [
+        (r, a) for r, a in zip([requests[1], requests[2], requests[4]], api[1:4])]
 
 
 def test_bench_servings_own_names_are_what_the_client_stamps(monkeypatch) -> None:
