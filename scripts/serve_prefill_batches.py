@@ -41,6 +41,14 @@ speed while that cell ran) beside the cell's TTFT p50, and per concurrency one f
 that index with a common slope and each side's own intercept: both sides' TTFT at stock's median
 host speed (``host_speed_fits``). On the GPU machines (2026-11-26) that speed moved by 1.5-2x
 within a boot, on both sides, and host-bound cells' TTFT followed it.
+
+``--token-times`` prints instead, per concurrency, when each request's tokens reached the client
+(``bench_serving``'s own per-request TTFT and inter-token latencies, from the ``bench/`` files of
+the logs; no timeline needed): the first token, the first decode output after it, token 64 and
+the last token, p50 and p99 over every request of every boot, and ITL p99 over every gap and
+without each request's first gap (``token_time_rows`` defines each figure). A side that sends
+the first token sooner while the next output waits for the same later batches shows a longer
+first gap, so a worse ITL p99, with every token sooner.
 """
 
 from __future__ import annotations
@@ -879,6 +887,116 @@ def intake_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: Tokens whose arrival ``--token-times`` reports besides the first, the first decode output and the last.
+TOKEN_MARKS = (64,)
+
+
+def bench_files(tar_path: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """The ``bench_serving`` result of each cell in a ``serve-logs.tar.gz`` (``bench/<variant>-boot<n>-c<c>.jsonl``,
+    its last line): ``(variant, boot, concurrency)`` -> that JSON."""
+    out: dict[tuple[str, int, int], dict[str, Any]] = {}
+    with tarfile.open(tar_path) as tar:
+        for m in tar.getmembers():
+            path = Path(m.name)
+            hit = re.fullmatch(r"(.+)-boot(\d+)-c(\d+)\.jsonl", path.name)
+            if not (m.isfile() and path.parent.name == "bench" and hit):
+                continue
+            f = tar.extractfile(m)
+            assert f is not None
+            lines = f.read().decode(errors="replace").strip().splitlines()
+            if lines:
+                out[(hit.group(1), int(hit.group(2)), int(hit.group(3)))] = json.loads(lines[-1])
+    return out
+
+
+def request_token_times(bench: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per successful request of a ``bench_serving`` result (``--output-details``): seconds from its
+    send to its first token (``first``), to its first decode output (``decode``: the end of its
+    first run of equal gaps; ``bench_serving`` spreads an output of several tokens evenly over
+    them), to each of ``TOKEN_MARKS`` it reached and to its last token, its gaps and its gaps
+    after the first output's (``later_itls``)."""
+    out = []
+    errors = bench.get("errors") or [""] * len(bench.get("ttfts") or [])
+    for ttft, itls, err in zip(bench.get("ttfts") or [], bench.get("itls") or [], errors):
+        if err or not ttft or not itls:
+            continue
+        k = 1
+        while k < len(itls) and itls[k] == itls[0]:
+            k += 1
+        row = {"first": ttft, "decode": ttft + sum(itls[:k]), "last": ttft + sum(itls), "itls": list(itls),
+               "later_itls": list(itls[k:])}
+        for mark in TOKEN_MARKS:
+            if len(itls) >= mark - 1:
+                row[f"token{mark}"] = ttft + sum(itls[:mark - 1])
+        out.append(row)
+    return out
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (nearest rank) of ``values`` in ms; None when empty."""
+    if not values:
+        return None
+    v = sorted(values)
+    return round(v[min(len(v) - 1, int(q * len(v)))] * 1e3, 2)
+
+
+def token_time_rows(pairs: list[tuple[dict[str, Any], dict[tuple[str, int, int], dict[str, Any]]]],
+                    variant: str = "patched") -> list[dict[str, Any]]:
+    """Per concurrency with requests on both sides, stock and ``variant`` pooled over every run of
+    every record (``(record, bench_files)`` pairs; a record's run without its bench file is left
+    out): requests, then p50 and p99 of each token time of ``request_token_times``, ITL p99 over
+    every gap and over the later gaps."""
+    pooled: dict[tuple[int, str], list[dict[str, Any]]] = collections.defaultdict(list)
+    for record, files in pairs:
+        for run in record["runs"]:
+            if run["variant"] not in ("stock", variant):
+                continue
+            for c in run["cells"]:
+                bench = files.get((run["variant"], run["boot"], int(c)))
+                if bench is not None:
+                    pooled[(int(c), run["variant"])].extend(request_token_times(bench))
+    rows = []
+    for c in sorted({c for c, _ in pooled}):
+        if not (pooled.get((c, "stock")) and pooled.get((c, variant))):
+            continue
+        for side in ("stock", variant):
+            reqs = pooled[(c, side)]
+            row: dict[str, Any] = {"concurrency": c, "variant": side, "requests": len(reqs)}
+            for key in ("first", "decode", *(f"token{m}" for m in TOKEN_MARKS), "last"):
+                vals = [r[key] for r in reqs if key in r]
+                row[f"{key}_p50_ms"], row[f"{key}_p99_ms"] = _pct(vals, 0.5), _pct(vals, 0.99)
+            row["itl_p99_ms"] = _pct([x for r in reqs for x in r["itls"]], 0.99)
+            row["later_itl_p99_ms"] = _pct([x for r in reqs for x in r["later_itls"]], 0.99)
+            rows.append(row)
+    return rows
+
+
+def token_time_table(rows: list[dict[str, Any]]) -> str:
+    """Per concurrency, stock -> the other side, each figure with how much better it is (> 1 better)."""
+    keys = [("first", "first token"), ("decode", "first decode output"),
+            *((f"token{m}", f"token {m}") for m in TOKEN_MARKS), ("last", "last token")]
+    head = ["conc", "requests"] + [f"{name} {q}" for _, name in keys for q in ("p50", "p99")] + [
+        "ITL p99", "ITL p99 after the first output's gaps"]
+    lines = ["When each request's tokens reached the client (`--token-times`; ms from its send, every "
+             "request of every boot pooled; stock -> patched, x: how much better, > 1 better):", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def cell(a: float | None, b: float | None) -> str:
+        if a is None or b is None:
+            return "-"
+        return f"{a:.1f} -> {b:.1f} (x{a / b:.3f})" if b else f"{a:.1f} -> {b:.1f}"
+
+    by_c: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in rows:
+        by_c[r["concurrency"]].append(r)
+    for c, (st, pa) in sorted((c, sorted(rs, key=lambda r: _side_order(c, r["variant"]))) for c, rs in by_c.items()):
+        cells = [str(c), f"{st['requests']} / {pa['requests']}"]
+        cells += [cell(st[f"{k}_{q}_ms"], pa[f"{k}_{q}_ms"]) for k, _ in keys for q in ("p50", "p99")]
+        cells += [cell(st["itl_p99_ms"], pa["itl_p99_ms"]), cell(st["later_itl_p99_ms"], pa["later_itl_p99_ms"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -901,20 +1019,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intake", action="store_true",
                    help="instead: how the API server took in each cell's requests: the client's send waves, the "
                         "API server's time per request within a wave, the client-to-API median")
+    p.add_argument("--token-times", action="store_true",
+                   help="instead: when each request's tokens reached the client (first token, first decode output, "
+                        "token 64, last token) and ITL p99 with and without each request's first gaps")
     p.add_argument("--plot", type=Path, help="with --host-speed: also write an SVG of the cells and the fits there")
     p.add_argument("--variant", default="patched",
                    help="with --strata or --host-speed: the variant set beside stock (default patched; e.g. "
                         "patched-mirror-relay)")
     args = p.parse_args(argv)
-    if args.variant != "patched" and not (args.strata or args.host_speed):
-        print("serve_prefill_batches: --variant goes with --strata or --host-speed", file=sys.stderr)
+    if args.variant != "patched" and not (args.strata or args.host_speed or args.token_times):
+        print("serve_prefill_batches: --variant goes with --strata, --host-speed or --token-times", file=sys.stderr)
         return 2
     if args.plot and not args.host_speed:
         print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
         return 2
-    if args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed + args.intake > 1:
+    if (args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed + args.intake
+            + args.token_times > 1):
         print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --host-speed, "
-              "--intake",
+              "--intake, --token-times",
               file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
@@ -924,6 +1046,14 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             print(f"serve_prefill_batches: no such file: {path}", file=sys.stderr)
             return 2
+    if args.token_times:
+        rows = token_time_rows([(json.loads(path.read_text()), bench_files(logs))
+                                for path, logs in zip(args.pairs[::2], args.pairs[1::2])], args.variant)
+        if not rows:
+            print("serve_prefill_batches: no cell with bench_serving files on both sides in these logs", file=sys.stderr)
+            return 1
+        print(json.dumps({"token_times": rows}, indent=1) if args.json else token_time_table(rows))
+        return 0
     # Read pair by pair, as the rows are made (each record's own messages follow its logs').
     pairs = ((path, json.loads(path.read_text()), timelines(logs)) for path, logs in zip(args.pairs[::2], args.pairs[1::2]))
     if args.frames or args.compiles:

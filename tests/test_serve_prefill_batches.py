@@ -550,7 +550,7 @@ def test_host_speed_reads_old_timelines_by_launch_time_and_checks_its_flags(tmp_
     assert spb.main(["--host-speed", "--launches", str(rec), str(logs)]) == 2
     assert "one of --launches" in capsys.readouterr().err
     assert spb.main(["--variant", "patched-no-war", "--launches", str(rec), str(logs)]) == 2
-    assert "--strata or --host-speed" in capsys.readouterr().err
+    assert "--strata, --host-speed or --token-times" in capsys.readouterr().err
 
 
 def test_host_speed_plot_draws_every_cell_and_each_sides_line(tmp_path: Path, capsys) -> None:
@@ -617,3 +617,55 @@ def test_intake_measures_how_the_api_server_took_in_a_wave_of_requests(tmp_path:
     assert "| 4 | stock | 0 | 8 | 1 | 100% | 1.00 | 0.0 | 4.0 |" in out
     assert "| 4 | patched | 0 | 8 | 1 | 100% | 2.00 | 2.0 | 7.5 |" in out
     assert spb.main(["--intake", "--stalls", str(path), str(logs)]) == 2
+
+
+def _bench(ttfts: list[float], itls: list[list[float]], errors: list[str] | None = None) -> bytes:
+    # bench_serving's --output-details file: one JSON line per run, the last one is the cell's.
+    doc = {"ttfts": ttfts, "itls": itls, "errors": errors or [""] * len(ttfts)}
+    return (json.dumps({"ttfts": [], "itls": []}) + "\n" + json.dumps(doc) + "\n").encode()
+
+
+def test_token_times_tell_a_sooner_first_token_from_a_later_decode(tmp_path: Path, capsys) -> None:
+    # Both sides' requests get their first decode output (4 tokens, spread evenly by bench_serving)
+    # 100 ms after the send, then one 4-token output every 8 ms. Patched sends the first token at
+    # 20 ms, stock at 80 ms: patched's first gap is longer, its ITL p99 worse, no token later.
+    def side(first: float, n: int = 20) -> tuple[list[float], list[list[float]]]:
+        gap = (0.100 - first) / 4
+        itls = [gap] * 4 + [0.002] * 60 + [0.003]  # 66 tokens; the last output alone
+        return [first] * n, [list(itls) for _ in range(n)]
+
+    st_t, st_i = side(0.080)
+    pa_t, pa_i = side(0.020)
+    pa_t.append(0.5)
+    pa_i.append([0.01])  # a failed request: left out
+    record = {"runs": [{"variant": "stock", "boot": 0, "cells": {"8": {}}},
+                       {"variant": "patched", "boot": 0, "cells": {"8": {}}},
+                       {"variant": "patched", "boot": 1, "cells": {"8": {}}}]}  # no bench file: left out
+    path = tmp_path / "serve-bench.json"
+    path.write_text(json.dumps(record))
+    logs = _tar(tmp_path / "serve-logs.tar.gz", {
+        "bench/stock-boot0-c8.jsonl": _bench(st_t, st_i),
+        "bench/patched-boot0-c8.jsonl": _bench(pa_t, pa_i, [""] * 20 + ["boom"]),
+        "bench/notes.txt": b"not a bench file"})
+    assert spb.main(["--token-times", "--json", str(path), str(logs)]) == 0
+    rows = {r["variant"]: r for r in json.loads(capsys.readouterr().out)["token_times"]}
+    st, pa = rows["stock"], rows["patched"]
+    assert st["requests"] == pa["requests"] == 20
+    assert (st["first_p50_ms"], pa["first_p50_ms"]) == (80.0, 20.0)
+    assert st["decode_p50_ms"] == pytest.approx(100.0) and pa["decode_p50_ms"] == pytest.approx(100.0)
+    assert st["token64_p50_ms"] == pytest.approx(pa["token64_p50_ms"]) == pytest.approx(218.0)
+    assert st["last_p50_ms"] == pytest.approx(pa["last_p50_ms"]) == pytest.approx(223.0)
+    assert (st["itl_p99_ms"], pa["itl_p99_ms"]) == (5.0, 20.0)
+    assert st["later_itl_p99_ms"] == pa["later_itl_p99_ms"] == 3.0
+    assert spb.main(["--token-times", str(path), str(logs)]) == 0
+    table = capsys.readouterr().out
+    assert "| 8 | 20 / 20 | 80.0 -> 20.0 (x4.000) |" in table and "5.0 -> 20.0 (x0.250) | 3.0 -> 3.0 (x1.000) |" in table
+
+
+def test_token_times_need_both_sides(tmp_path: Path, capsys) -> None:
+    record = {"runs": [{"variant": "stock", "boot": 0, "cells": {"8": {}}}]}
+    path = tmp_path / "serve-bench.json"
+    path.write_text(json.dumps(record))
+    logs = _tar(tmp_path / "serve-logs.tar.gz", {"bench/stock-boot0-c8.jsonl": _bench([0.1], [[0.01]])})
+    assert spb.main(["--token-times", str(path), str(logs)]) == 1
+    assert "no cell with bench_serving files on both sides" in capsys.readouterr().err
