@@ -466,23 +466,37 @@ def cell_values(bench: dict[str, Any], occ: float | None) -> dict[str, Any]:
     return out
 
 
+def bench_results(tar_path: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """The ``bench_serving`` result of each cell that a ``serve-logs.tar.gz`` keeps
+    (``bench/<variant>-boot<n>-c<c>.jsonl``, written with ``--output-details``: every record has
+    them; the file's last line is the measured run): ``(variant, boot, concurrency)`` -> that JSON."""
+    out: dict[tuple[str, int, int], dict[str, Any]] = {}
+    with tarfile.open(tar_path) as tar:
+        for m in tar.getmembers():
+            path = Path(m.name)
+            hit = re.fullmatch(r"(.+)-boot(\d+)-c(\d+)\.jsonl", path.name)
+            if not (m.isfile() and path.parent.name == "bench" and hit):
+                continue
+            f = tar.extractfile(m)
+            assert f is not None
+            lines = f.read().decode(errors="replace").strip().splitlines()
+            if lines:
+                out[(hit.group(1), int(hit.group(2)), int(hit.group(3)))] = json.loads(lines[-1])
+    return out
+
+
 def digests_from_logs(doc: dict[str, Any], tar_path: Path) -> None:
     """Fill in ``output_digests`` of ``doc``'s cells that lack them from the ``bench_serving``
-    files its ``serve-logs.tar.gz`` keeps (``bench/<variant>-boot<n>-c<c>.jsonl``, written with
-    ``--output-details``: every record has them)."""
-    with tarfile.open(tar_path) as tar:
-        names = {Path(m.name).name: m for m in tar.getmembers() if m.isfile() and Path(m.name).parent.name == "bench"}
-        for run in doc["runs"]:
-            for c, vals in run["cells"].items():
-                member = names.get(f"{run['variant']}-boot{run['boot']}-c{c}.jsonl")
-                if vals.get("output_digests") or member is None:
-                    continue
-                f = tar.extractfile(member)
-                assert f is not None
-                lines = f.read().decode(errors="replace").strip().splitlines()
-                digests = output_digests(json.loads(lines[-1])) if lines else None
-                if digests:
-                    vals["output_digests"] = digests
+    files its ``serve-logs.tar.gz`` keeps (``bench_results``)."""
+    results = bench_results(tar_path)
+    for run in doc["runs"]:
+        for c, vals in run["cells"].items():
+            bench = results.get((run["variant"], run["boot"], int(c)))
+            if vals.get("output_digests") or bench is None:
+                continue
+            digests = output_digests(bench)
+            if digests:
+                vals["output_digests"] = digests
 
 
 def same_outputs(runs: Sequence[dict[str, Any]]) -> dict[str, dict[int, list[int]]]:
@@ -920,9 +934,9 @@ def client_api_pairs(requests: Sequence[Sequence[float | None]], events: Sequenc
     n = measured or 0
     if n <= 0 or len(sent) < n:
         return None
-    start = sent[-n][0] - 1e-3
+    since = sent[-n][0] - 1e-3
     api = sorted((e for e in events if e["kind"] == "api" and e.get("first") is not None
-                  and max(lo, start) <= e["received"] < hi), key=lambda e: e["received"])
+                  and max(lo, since) <= e["received"] < hi), key=lambda e: e["received"])
     if len(api) < n:
         return None
     pairs = list(zip(sent[-n:], api[:n]))

@@ -891,24 +891,6 @@ def intake_table(rows: list[dict[str, Any]]) -> str:
 TOKEN_MARKS = (64,)
 
 
-def bench_files(tar_path: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
-    """The ``bench_serving`` result of each cell in a ``serve-logs.tar.gz`` (``bench/<variant>-boot<n>-c<c>.jsonl``,
-    its last line): ``(variant, boot, concurrency)`` -> that JSON."""
-    out: dict[tuple[str, int, int], dict[str, Any]] = {}
-    with tarfile.open(tar_path) as tar:
-        for m in tar.getmembers():
-            path = Path(m.name)
-            hit = re.fullmatch(r"(.+)-boot(\d+)-c(\d+)\.jsonl", path.name)
-            if not (m.isfile() and path.parent.name == "bench" and hit):
-                continue
-            f = tar.extractfile(m)
-            assert f is not None
-            lines = f.read().decode(errors="replace").strip().splitlines()
-            if lines:
-                out[(hit.group(1), int(hit.group(2)), int(hit.group(3)))] = json.loads(lines[-1])
-    return out
-
-
 def request_token_times(bench: dict[str, Any]) -> list[dict[str, Any]]:
     """Per successful request of a ``bench_serving`` result (``--output-details``): seconds from its
     send to its first token (``first``), to its first decode output (``decode``: the end of its
@@ -933,19 +915,17 @@ def request_token_times(bench: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _pct(values: list[float], q: float) -> float | None:
-    """The ``q`` quantile (nearest rank) of ``values`` in ms; None when empty."""
-    if not values:
-        return None
-    v = sorted(values)
-    return round(v[min(len(v) - 1, int(q * len(v)))] * 1e3, 2)
+    """The ``q`` quantile of ``values`` (seconds) in ms (``records.quantile``: numpy's linear
+    percentile, as ``bench_serving`` reports its own); None when empty."""
+    return round(records.quantile(values, q) * 1e3, 2) if values else None
 
 
 def token_time_rows(pairs: list[tuple[dict[str, Any], dict[tuple[str, int, int], dict[str, Any]]]],
                     variant: str = "patched") -> list[dict[str, Any]]:
     """Per concurrency with requests on both sides, stock and ``variant`` pooled over every run of
-    every record (``(record, bench_files)`` pairs; a record's run without its bench file is left
-    out): requests, then p50 and p99 of each token time of ``request_token_times``, ITL p99 over
-    every gap and over the later gaps."""
+    every record (``(record, gpu_serve_bench.bench_results)`` pairs; a record's run without its
+    bench file is left out): requests, then p50 and p99 of each token time of
+    ``request_token_times``, ITL p99 over every gap and over the later gaps."""
     pooled: dict[tuple[int, str], list[dict[str, Any]]] = collections.defaultdict(list)
     for record, files in pairs:
         for run in record["runs"]:
@@ -1047,7 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"serve_prefill_batches: no such file: {path}", file=sys.stderr)
             return 2
     if args.token_times:
-        rows = token_time_rows([(json.loads(path.read_text()), bench_files(logs))
+        rows = token_time_rows([(json.loads(path.read_text()), serve.bench_results(logs))
                                 for path, logs in zip(args.pairs[::2], args.pairs[1::2])], args.variant)
         if not rows:
             print("serve_prefill_batches: no cell with bench_serving files on both sides in these logs", file=sys.stderr)
