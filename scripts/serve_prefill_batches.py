@@ -49,6 +49,13 @@ the last token, p50 and p99 over every request of every boot, and ITL p99 over e
 without each request's first gap (``token_time_rows`` defines each figure). A side that sends
 the first token sooner while the next output waits for the same later batches shows a longer
 first gap, so a worse ITL p99, with every token sooner.
+
+``--poll-wait`` prints instead, per concurrency and variant over every boot, how long each measured
+request waited between the API server sending it and the scheduler receiving it, split by what
+the scheduler thread was doing when it was sent (a decode or prefill launch, a decode's or a
+prefill's result, a host wait between launches, the rest of the loop; ``poll_state``): the
+overlap loop polls once per iteration, so that wait is the rest of the iteration the request
+came in (``poll_wait_summary`` defines each figure).
 """
 
 from __future__ import annotations
@@ -887,6 +894,88 @@ def intake_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: Where the scheduler thread was when the API server sent it a request (``poll_state``), in table order.
+POLL_STATES = ("decode launch", "prefill launch", "decode result", "prefill result", "host wait", "loop")
+
+
+def poll_state(at: float, spans: list[dict[str, Any]], starts: list[float], waits: list[dict[str, Any]],
+               wait_starts: list[float]) -> str:
+    """The scheduler thread's state at time ``at``: inside a ``run`` (a decode or prefill launch)
+    or a ``proc`` (a decode or prefill result processed; ``spans``, both kinds sorted by start,
+    ``starts`` their starts: one thread, so they do not overlap), else in a host wait outside
+    them (a ``sync`` event: stock's ``maybe_wait_verify_done`` sits between its launches), else
+    ``loop``: the rest of the overlap loop (its poll, the next batch built)."""
+    i = bisect.bisect_right(starts, at) - 1
+    if i >= 0 and at < spans[i]["t1"]:
+        e = spans[i]
+        return ("prefill " if e["extend"] else "decode ") + ("launch" if e["kind"] == "run" else "result")
+    j = bisect.bisect_right(wait_starts, at) - 1
+    # Host waits are short and may nest in one another (a probe's nested calls): look a few back.
+    if any(at < w["t1"] for w in waits[max(0, j - 3):j + 1]):
+        return "host wait"
+    return "loop"
+
+
+def poll_wait_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per cell of each run with a timeline: each measured request's wait for the scheduler's
+    poll (the API server sent it, ``api`` event's ``dispatch`` -> the scheduler received it,
+    ``recv``) and the scheduler thread's state when it was sent (``poll_state``). The overlap loop
+    polls once per iteration, so a request waits for whatever the thread is doing when it comes,
+    and for the rest of the iteration after it. Rows: concurrency, variant, boot and per request
+    ``(state, wait in seconds)``; requests without a ``dispatch`` stamp are left out."""
+    rows = []
+    for run, events, cells in split_cells(record, by_run):
+        api = {e["rid"]: e for e in events if e["kind"] == "api" and e.get("dispatch") is not None}
+        spans = sorted((e for e in events if e["kind"] in ("run", "proc") and "t1" in e), key=lambda e: e["t"])
+        waits = sorted((e for e in events if e["kind"] == "sync"), key=lambda e: e["t"])
+        starts, wait_starts = [e["t"] for e in spans], [e["t"] for e in waits]
+        for c, _, measured in cells:
+            got = [(poll_state(api[r["rid"]]["dispatch"], spans, starts, waits, wait_starts),
+                    r["t"] - api[r["rid"]]["dispatch"]) for r in measured if r["rid"] in api]
+            if got:
+                rows.append({"concurrency": int(c), "variant": run["variant"], "boot": run["boot"], "requests": got})
+    return rows
+
+
+def poll_wait_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency and variant, every boot's requests pooled: how many, the wait's p50 and
+    mean (ms), and per state (``POLL_STATES``) the share of requests sent in it, their mean wait
+    and what that adds to the mean wait (share x mean)."""
+    pooled: dict[tuple[int, str], tuple[list[int], list[tuple[str, float]]]] = {}
+    for r in rows:
+        boots, got = pooled.setdefault((r["concurrency"], r["variant"]), ([], []))
+        boots.append(r["boot"])
+        got.extend(r["requests"])
+    out = []
+    for (c, v), (boots, got) in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0])):
+        waits = [w for _, w in got]
+        states = {}
+        for state in POLL_STATES:
+            ws = [w for s, w in got if s == state]
+            if ws:
+                states[state] = {"share": round(len(ws) / len(got), 3), "mean_ms": round(statistics.mean(ws) * 1e3, 2),
+                                 "adds_ms": round(sum(ws) / len(got) * 1e3, 2)}
+        out.append({"concurrency": c, "variant": v, "boots": sorted(boots), "requests": len(got),
+                    "wait_p50_ms": round(records.quantile(waits, 0.5) * 1e3, 2),
+                    "wait_mean_ms": round(statistics.mean(waits) * 1e3, 2), "states": states})
+    return out
+
+
+def poll_wait_table(rows: list[dict[str, Any]]) -> str:
+    """Per concurrency, stock first: the wait and, per state, share / mean wait / what it adds."""
+    lines = ["How long each measured request waited for the scheduler's poll (`--poll-wait`; the API server "
+             "sent it -> the scheduler received it), by what the scheduler thread was doing when it was sent; "
+             "every boot pooled. Per state: share of requests, their mean wait ms, what they add to the mean ms.", "",
+             "| conc | variant | requests | wait p50 ms | wait mean ms | " + " | ".join(POLL_STATES) + " |",
+             "|" + "---|" * (5 + len(POLL_STATES))]
+    for r in rows:
+        cells = [f"{r['states'][s]['share']:.0%} / {r['states'][s]['mean_ms']:.2f} / {r['states'][s]['adds_ms']:.2f}"
+                 if s in r["states"] else "-" for s in POLL_STATES]
+        lines.append(f"| {r['concurrency']} | {r['variant']} | {r['requests']} | {r['wait_p50_ms']:.2f} | "
+                     f"{r['wait_mean_ms']:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 #: Tokens whose arrival ``--token-times`` reports besides the first, the first decode output and the last.
 TOKEN_MARKS = (64,)
 
@@ -1002,6 +1091,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-times", action="store_true",
                    help="instead: when each request's tokens reached the client (first token, first decode output, "
                         "token 64, last token) and ITL p99 with and without each request's first gaps")
+    p.add_argument("--poll-wait", action="store_true",
+                   help="instead: how long each request waited for the scheduler's poll, by what the scheduler "
+                        "thread was doing when the API server sent it")
     p.add_argument("--plot", type=Path, help="with --host-speed: also write an SVG of the cells and the fits there")
     p.add_argument("--variant", default="patched",
                    help="with --strata or --host-speed: the variant set beside stock (default patched; e.g. "
@@ -1014,9 +1106,9 @@ def main(argv: list[str] | None = None) -> int:
         print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
         return 2
     if (args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed + args.intake
-            + args.token_times > 1):
+            + args.token_times + args.poll_wait > 1):
         print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --host-speed, "
-              "--intake, --token-times",
+              "--intake, --token-times, --poll-wait",
               file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
@@ -1058,6 +1150,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for _, record, by_run in pairs for row in stall_rows(record, by_run)]
     elif args.intake:
         rows = [row for _, record, by_run in pairs for row in intake_rows(record, by_run)]
+    elif args.poll_wait:
+        rows = poll_wait_summary([row for _, record, by_run in pairs for row in poll_wait_rows(record, by_run)])
     elif args.strata:
         rows = strata_rows([(record, by_run) for _, record, by_run in pairs], args.variant)
     else:
@@ -1080,6 +1174,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.intake:
         print(json.dumps({"intake": rows}, indent=1) if args.json else intake_table(rows))
+        return 0
+    if args.poll_wait:
+        print(json.dumps({"poll_wait": rows}, indent=1) if args.json else poll_wait_table(rows))
         return 0
     if args.strata:
         print(json.dumps({"strata": rows}, indent=1) if args.json else strata_table(rows))

@@ -669,3 +669,51 @@ def test_token_times_need_both_sides(tmp_path: Path, capsys) -> None:
     logs = _tar(tmp_path / "serve-logs.tar.gz", {"bench/stock-boot0-c8.jsonl": _bench([0.1], [[0.01]])})
     assert spb.main(["--token-times", str(path), str(logs)]) == 1
     assert "no cell with bench_serving files on both sides" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- --poll-wait
+
+def _poll_server(slow: float) -> list[dict]:
+    """One server, times in ms: a health check, a warm-up request, then eight measured requests,
+    each sent to the scheduler while its thread was in a known state and received ``slow`` x
+    the base wait later; the last one has no ``dispatch`` stamp (a timeline before the field)."""
+    D, P = "DECODE", "EXTEND"
+    ev = [{"kind": "recv", "t": _ms(0), "rid": "health"}, {"kind": "recv", "t": _ms(10), "rid": "warm"},
+          _run(100, 104, D, 4), _sync(101, 102, "relay"), _proc(104, 105, D, 4), _sync(106, 108, "verify"),
+          _run(110, 130, P, 2), _proc(131, 133, P, 2), _sync(131.5, 132, "copy_done")]
+    sends = [("m0", 101.5, 4.0), ("m1", 115, 16), ("m2", 104.5, 1), ("m3", 132, 2),
+             ("m4", 107, 1.5), ("m5", 108.5, 1), ("m6", 135, 2), ("m7", 136, 1)]
+    for i, (rid, at, wait) in enumerate(sends):
+        received = at + slow * wait
+        ev.append({"kind": "recv", "t": _ms(received), "rid": rid})
+        api = {"kind": "api", "t": _ms(at - 0.5), "rid": rid, "received": _ms(at - 0.5), "first": _ms(received + 20)}
+        if i < 7:
+            api["dispatch"] = _ms(at)
+        ev.append(api)
+    return sorted(ev, key=lambda e: e["t"])
+
+
+def test_poll_wait_splits_each_requests_wait_by_the_schedulers_state_when_it_was_sent(tmp_path: Path, capsys) -> None:
+    rec = {"environment": {"config": {"concurrency": [2], "rounds": 4, "min_prompts": 0, "warmup": "one"}},
+           "runs": [{"variant": "stock", "boot": 0, "cells": {"2": {"median_ttft_ms": 30.0}}},
+                    {"variant": "patched", "boot": 1, "cells": {"2": {"median_ttft_ms": 40.0}}}]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(rec))
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/patched-boot1/timeline-2.json": {"events": _poll_server(2.0)},
+                                        "timeline/stock-boot0/timeline-1.json": {"events": _poll_server(1.0)}})
+    assert spb.main(["--poll-wait", "--json", str(path), str(logs)]) == 0
+    stock, patched = json.loads(capsys.readouterr().out)["poll_wait"]
+    assert (stock["variant"], patched["variant"]) == ("stock", "patched")  # stock first
+    assert stock["requests"] == patched["requests"] == 7  # the one without a dispatch stamp is left out
+    # decode launch (a host wait inside it counts as the launch), prefill launch, a decode's and a
+    # prefill's result, the wait between launches, the rest of the loop (two requests)
+    assert {s: (v["share"], v["mean_ms"]) for s, v in stock["states"].items()} == {
+        "decode launch": (0.143, 4.0), "prefill launch": (0.143, 16.0), "decode result": (0.143, 1.0),
+        "prefill result": (0.143, 2.0), "host wait": (0.143, 1.5), "loop": (0.286, 1.5)}
+    assert stock["wait_p50_ms"] == pytest.approx(2.0) and stock["wait_mean_ms"] == pytest.approx(27.5 / 7, abs=0.01)
+    assert patched["wait_mean_ms"] == pytest.approx(2 * 27.5 / 7, abs=0.01)
+    assert patched["states"]["prefill launch"]["adds_ms"] == pytest.approx(32 / 7, abs=0.01)
+    assert spb.main(["--poll-wait", str(path), str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | stock | 7 | 2.00 | 3.93 | 14% / 4.00 / 0.57 | 14% / 16.00 / 2.29 |" in out
+    assert spb.main(["--poll-wait", "--intake", str(path), str(logs)]) == 2
