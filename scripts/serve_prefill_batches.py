@@ -50,6 +50,11 @@ without each request's first gap (``token_time_rows`` defines each figure). A si
 the first token sooner while the next output waits for the same later batches shows a longer
 first gap, so a worse ITL p99, with every token sooner.
 
+``--functions`` prints instead, per variant beside stock over every measured cell, the host time
+of sampled steady decode launches by function on the stack, inclusive (each function once per
+sample): the functions whose time per launch differs most between the sides
+(``steady_functions``). ``--frames`` splits by the leaf frame alone, per concurrency.
+
 ``--poll-wait`` prints instead, per concurrency and variant over every boot, how long each measured
 request waited between the API server sending it and the scheduler receiving it, split by what
 the scheduler thread was doing when it was sent (a decode or prefill launch, a decode's or a
@@ -652,13 +657,78 @@ def frames_table(rows: list[dict[str, Any]]) -> str:
                 continue
             base = st["frames_ms"] if st else {}
             frames = set(base) | set(r["frames_ms"])
-            top = sorted(frames, key=lambda f: -abs(r["frames_ms"].get(f, 0.0) - base.get(f, 0.0)))[:FRAMES_SHOWN]
+            top = sorted(frames, key=lambda f: (-abs(r["frames_ms"].get(f, 0.0) - base.get(f, 0.0)), f))[:FRAMES_SHOWN]
             head = (f"| {c} | {v} | {st['launches'] if st else 0} / {r['launches']} | "
                     f"{_cell(st['launch_ms'] if st else None)} -> {_cell(r['launch_ms'])} | "
                     f"{_cell(st['cpu_ms'] if st else None)} -> {_cell(r['cpu_ms'])} ")
             for i, f in enumerate(top):
                 out.append((head if i == 0 else f"| {c} | {v} | | | ")
                            + f"| {f} | {base.get(f, 0.0):.3f} | {r['frames_ms'].get(f, 0.0):.3f} |")
+    return "\n".join(out)
+
+
+#: A plugin text edit's code object is named ``<__sglang_futuremap_patch__ edit of MODULE:QUALNAME HASH>``.
+EDITED_FRAME = re.compile(r"<__sglang_futuremap_patch__ edit of ([\w.]+):[\w.]+ \w+>:\d+ (\w+)$")
+
+#: Functions ``--functions`` prints (largest difference first).
+FUNCTIONS_SHOWN = 20
+
+
+def frame_function(frame: str) -> str:
+    """A stack sample's frame (``file.py:line func``) as ``file.py func``; a function the plugin
+    edited is named after SGLang's file, so both sides count it under one name."""
+    m = EDITED_FRAME.match(frame)
+    if m:
+        return f"{m.group(1).rsplit('.', 1)[-1]}.py {m.group(2)}"
+    return re.sub(r":\d+ ", " ", frame)
+
+
+def steady_functions(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """Per variant, over the measured window of every cell (as ``steady_frames``, every
+    concurrency pooled): the sampled steady decode launches and, per function on a sample's
+    stack (``frame_function``; each function once per sample, whatever its depth), the samples'
+    time per launch: a function's inclusive host time, as deep as the probe's stacks reach."""
+    pooled: dict[str, dict[str, Any]] = {}
+    for record, by_run in pairs:
+        for run, events, _, t_lo, t_hi in measured_windows(record, by_run):
+            samples = [e for e in events if e["kind"] == "sample" and e.get("phase") == "steady"]
+            sample_t = [e["t"] for e in samples]
+            acc = pooled.setdefault(run["variant"], {"launches": 0, "sampled": 0.0, "functions": collections.Counter()})
+            for r in events:
+                if r["kind"] != "run" or not r.get("sampled") or not t_lo <= r["t"] < t_hi:
+                    continue
+                acc["launches"] += 1
+                for e in _within(samples, sample_t, r["t"], r["t1"]):
+                    dt = e.get("dt", 1e-3)
+                    acc["sampled"] += dt
+                    for f in {frame_function(x) for x in e["stack"]}:
+                        acc["functions"][f] += dt
+    return [{"variant": v, "launches": acc["launches"],
+             "sampled_ms": round(acc["sampled"] * 1e3 / acc["launches"], 3),
+             "functions_ms": {f: round(t * 1e3 / acc["launches"], 3) for f, t in acc["functions"].most_common()}}
+            for v, acc in sorted(pooled.items(), key=lambda kv: _side_order(0, kv[0])) if acc["launches"]]
+
+
+def functions_table(rows: list[dict[str, Any]]) -> str:
+    """Per variant beside stock, the functions whose inclusive time per sampled steady decode
+    launch differs most (ms per launch, stock -> variant, largest difference first)."""
+    by_v = {r["variant"]: r for r in rows}
+    st = by_v.get("stock", {"launches": 0, "sampled_ms": 0.0, "functions_ms": {}})
+    out = ["Where sampled steady decode launches spend their host time, by function on the stack (`--functions`; "
+           "a sample counts toward every function on its stack once; every measured cell pooled; ms per launch):", "",
+           "| variant | sampled launches (stock / this) | sampled ms per launch | function | stock ms | this ms | difference |",
+           "|---|---|---|---|---|---|---|"]
+    for v, r in by_v.items():
+        if v == "stock":
+            continue
+        base, this = st["functions_ms"], r["functions_ms"]
+        # Ties by name, so the table does not depend on the set's (hash-seeded) order.
+        top = sorted(set(base) | set(this), key=lambda f: (-abs(this.get(f, 0.0) - base.get(f, 0.0)), f))[:FUNCTIONS_SHOWN]
+        for i, f in enumerate(top):
+            head = (f"| {v} | {st['launches']} / {r['launches']} | {st['sampled_ms']:.3f} -> {r['sampled_ms']:.3f} "
+                    if i == 0 else f"| {v} | | ")
+            out.append(head + f"| {f} | {base.get(f, 0.0):.3f} | {this.get(f, 0.0):.3f} | "
+                       f"{this.get(f, 0.0) - base.get(f, 0.0):+.3f} |")
     return "\n".join(out)
 
 
@@ -1080,6 +1150,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: the API server's TTFT per request by the size of its shared prefill, both sides at equal sizes")
     p.add_argument("--frames", action="store_true",
                    help="instead: where sampled steady decode launches spend their host time, by leaf frame, stock beside each variant")
+    p.add_argument("--functions", action="store_true",
+                   help="instead: where sampled steady decode launches spend their host time, by function on the "
+                        "stack (inclusive), every cell pooled, stock beside each variant")
     p.add_argument("--compiles", action="store_true",
                    help="instead: the Triton JIT compiles in the scheduler's process, per variant, kernel and caller")
     p.add_argument("--host-speed", action="store_true",
@@ -1106,9 +1179,9 @@ def main(argv: list[str] | None = None) -> int:
         print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
         return 2
     if (args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed + args.intake
-            + args.token_times + args.poll_wait > 1):
-        print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --host-speed, "
-              "--intake, --token-times, --poll-wait",
+            + args.token_times + args.poll_wait + args.functions > 1):
+        print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --functions, "
+              "--host-speed, --intake, --token-times, --poll-wait",
               file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
@@ -1128,11 +1201,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # Read pair by pair, as the rows are made (each record's own messages follow its logs').
     pairs = ((path, json.loads(path.read_text()), timelines(logs)) for path, logs in zip(args.pairs[::2], args.pairs[1::2]))
-    if args.frames or args.compiles:
+    if args.frames or args.functions or args.compiles:
         # Fields only timelines from 2026-11-26 on have.
         if args.frames:
             key, table_of, missing = "frames", frames_table, "sampled steady decodes"
             rows = steady_frames([(record, by_run) for _, record, by_run in pairs])
+        elif args.functions:
+            key, table_of, missing = "functions", functions_table, "sampled steady decodes"
+            rows = steady_functions([(record, by_run) for _, record, by_run in pairs])
         else:
             key, table_of, missing = "compiles", compile_table, "compile events"
             rows = [row for _, _, by_run in pairs for row in compile_rows(by_run)]

@@ -717,3 +717,48 @@ def test_poll_wait_splits_each_requests_wait_by_the_schedulers_state_when_it_was
     out = capsys.readouterr().out
     assert "| 2 | stock | 7 | 2.00 | 3.93 | 14% / 4.00 / 0.57 | 14% / 16.00 / 2.29 |" in out
     assert spb.main(["--poll-wait", "--intake", str(path), str(logs)]) == 2
+
+
+def test_functions_count_every_function_on_a_samples_stack_and_match_edited_frames_to_sglangs(
+        tmp_path: Path, capsys) -> None:
+    """A plugin-edited function (its code object named after the edit) counts under SGLang's own
+    file and name, so both sides meet in one row; a sample counts toward each function on its
+    stack once, however deep; the largest difference comes first."""
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 10.0, "4": 40.0}), ("patched", 0, {"2": 10.0, "4": 40.0})])))
+    cells = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
+    edited = ("<__sglang_futuremap_patch__ edit of sglang.srt.speculative.eagle_info_v2:"
+              "EagleDraftInputV2Mixin.prepare_for_decode 4f6fb617036f>:77 prepare_for_decode")
+
+    def side(patched: bool) -> list[dict]:
+        ev = _events(cells)
+        t = 0.1  # one sampled steady decode in cell 4's measured window (from t = 0.05)
+        ev.append({"kind": "run", "t": t, "t1": t + 0.010, "mode": "DECODE", "extend": False, "bs": 8,
+                   "sampled": True, "cpu_ms": 6.0})
+        prepare = edited if patched else "eagle_info_v2.py:2300 prepare_for_decode"
+        stacks = [["graphs.py:139 replay", prepare, "scheduler.py:9 run_batch"]] * 3
+        if patched:  # two more samples: a wait inside the plugin's own function, under the same caller
+            stacks += [["streams.py:254 synchronize", "publish_stash.py:130 resolve_seq_lens_cpu", prepare]] * 2
+        ev += [{"kind": "sample", "t": t + 0.001 * (i + 1), "dt": 1e-3, "phase": "steady", "stack": st}
+               for i, st in enumerate(stacks)]
+        # recursion: a function twice on one stack counts once
+        ev.append({"kind": "sample", "t": t + 0.009, "dt": 1e-3, "phase": "steady",
+                   "stack": ["x.py:1 f", "x.py:2 f", "scheduler.py:9 run_batch"]})
+        return sorted(ev, key=lambda e: e["t"])
+
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": side(False)},
+                                        "timeline/patched-boot0/timeline-2.json": {"events": side(True)}})
+    assert spb.main(["--functions", "--json", str(rec), str(logs)]) == 0
+    stock, patched = json.loads(capsys.readouterr().out)["functions"]
+    assert (stock["variant"], stock["launches"], stock["sampled_ms"]) == ("stock", 1, 4.0)
+    assert (patched["variant"], patched["launches"], patched["sampled_ms"]) == ("patched", 1, 6.0)
+    assert stock["functions_ms"] == {"graphs.py replay": 3.0, "eagle_info_v2.py prepare_for_decode": 3.0,
+                                     "scheduler.py run_batch": 4.0, "x.py f": 1.0}
+    assert patched["functions_ms"]["eagle_info_v2.py prepare_for_decode"] == 5.0
+    assert patched["functions_ms"]["publish_stash.py resolve_seq_lens_cpu"] == 2.0
+    assert patched["functions_ms"]["x.py f"] == 1.0
+    assert spb.main(["--functions", str(rec), str(logs)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| patched |")]
+    assert lines[0] == ("| patched | 1 / 1 | 4.000 -> 6.000 | eagle_info_v2.py prepare_for_decode | 3.000 | 5.000 | +2.000 |")
+    assert any(line.endswith("| graphs.py replay | 3.000 | 3.000 | +0.000 |") for line in lines)
+    assert spb.main(["--functions", "--frames", str(rec), str(logs)]) == 2
