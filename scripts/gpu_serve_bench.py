@@ -431,6 +431,53 @@ def format_pooled_table(pooled: dict[int, dict[str, Any]], other: str = "patched
     return "\n".join(lines)
 
 
+#: Fields of SGLang's own ``server_args=ServerArgs(...)`` log line that ``server_config`` keeps.
+_SERVER_ARG = re.compile(r"\b(attention_backend|disable_overlap_schedule|speculative_eagle_topk)=('?)([\w.]*)\2")
+
+
+def server_config(log_text: str) -> dict[str, Any] | None:
+    """What a server runs, from SGLang's ``server_args=ServerArgs(...)`` log line, printed once
+    SGLang has resolved its defaults: the attention backend (``--backend default`` names none,
+    and SGLang picks one per model, GPU and draft shape), whether the overlap scheduler is on
+    (SGLang turns it off where it falls back to spec v1) and the draft's topk; None without the
+    line."""
+    line = next((x for x in log_text.splitlines() if "server_args=ServerArgs(" in x), None)
+    if line is None:
+        return None
+    vals = {k: v for k, _, v in _SERVER_ARG.findall(line)}
+    topk = vals.get("speculative_eagle_topk")
+    return {"attention_backend": vals.get("attention_backend"),
+            "overlap": None if "disable_overlap_schedule" not in vals else vals["disable_overlap_schedule"] == "False",
+            "topk": int(topk) if topk and topk.isdigit() else None}
+
+
+def server_lines(runs: Sequence[dict[str, Any]]) -> str:
+    """One line: what each variant's servers ran (``server_config``, with how many runs), and a
+    warning when stock and another variant ran different attention backends; "" for records
+    made before the field."""
+    seen: dict[str, dict[str, int]] = {}
+    for run in runs:
+        cfg = run.get("server")
+        if cfg:
+            overlap = {True: "overlap on", False: "overlap off", None: "overlap ?"}[cfg.get("overlap")]
+            desc = f"{cfg.get('attention_backend')}, {overlap}, topk {cfg.get('topk')}"
+            by = seen.setdefault(run["variant"], {})
+            by[desc] = by.get(desc, 0) + 1
+    if not seen:
+        return ""
+    parts = [f"{v}: " + "; ".join(f"{d} (x{n})" for d, n in seen[v].items()) for v in [m for m in MODES if m in seen]]
+    line = "Servers as SGLang resolved them (attention backend, overlap scheduler, draft topk): " + "; ".join(parts)
+
+    def backends(v: str) -> set[str]:
+        return {d.split(",")[0] for d in seen.get(v, {})}
+
+    differ = [v for v in seen if v != "stock" and "stock" in seen and backends(v) != backends("stock")]
+    if differ:
+        line += (f". **The attention backends differ between stock and {', '.join(differ)}**: "
+                 "not one configuration")
+    return line
+
+
 def occupancy(log_text: str) -> float | None:
     """Median forward occupancy (percent) of the decode log lines in ``log_text``."""
     values = [float(v) for v in _OCCUPANCY.findall(log_text)]
@@ -497,6 +544,23 @@ def digests_from_logs(doc: dict[str, Any], tar_path: Path) -> None:
             digests = output_digests(bench)
             if digests:
                 vals["output_digests"] = digests
+
+
+def servers_from_logs(doc: dict[str, Any], tar_path: Path) -> None:
+    """Fill in ``server`` (``server_config``) of ``doc``'s runs that lack it from the server logs
+    its ``serve-logs.tar.gz`` keeps (``logs/<variant>-boot<n>.log``; records before 2026-11-27)."""
+    wanted = {f"{run['variant']}-boot{run['boot']}.log": run for run in doc["runs"] if not run.get("server")}
+    with tarfile.open(tar_path) as tar:
+        for m in tar.getmembers():
+            path = Path(m.name)
+            run = wanted.get(path.name)
+            if run is None or not m.isfile() or path.parent.name != "logs":
+                continue
+            f = tar.extractfile(m)
+            assert f is not None
+            cfg = server_config(f.read().decode(errors="replace"))
+            if cfg:
+                run["server"] = cfg
 
 
 def same_outputs(runs: Sequence[dict[str, Any]]) -> dict[str, dict[int, list[int]]]:
@@ -826,8 +890,10 @@ def run_server(variant: str, boot: int, target: str, draft: str | None, args: ar
             run["error"] = f"server {not_ready}" + (" (--budget)" if proc.poll() is None else "")
             return run
         run["start_s"] = round(time.monotonic() - t0, 1)
-        applied = "sglang_futuremap_patch: applied" in log_path.read_text(errors="replace")
+        log_text = log_path.read_text(errors="replace")
+        applied = "sglang_futuremap_patch: applied" in log_text
         run["plugin_applied"] = applied
+        run["server"] = server_config(log_text)
         if applied != (variant in PATCHED_VARIANTS):
             # A stock server that got patched, or a patched one that did not: no comparison.
             run["error"] = f"{variant} server: plugin {'applied' if applied else 'not applied'}"
@@ -1037,6 +1103,7 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
         raise ValueError(f"--logs: {len(logs)} archive(s) for {len(docs)} record(s); give one per record, in order")
     for doc, tar_path in zip(docs, logs):
         digests_from_logs(doc, tar_path)
+        servers_from_logs(doc, tar_path)
     models = sorted({record_model(d) for d in docs})
     if len(models) > 1:
         raise ValueError(f"these records ran different models ({', '.join(models)}): merge each model's apart")
@@ -1064,6 +1131,9 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
     cards = card_counts(runs)
     if cards:
         lines += ["", cards]
+    servers = server_lines(runs)
+    if servers:
+        lines += ["", servers]
     if summary.get("ratio_upstream"):
         ups = sorted({r.get("sglang") for r in runs if r["variant"] == "upstream"} - {None})
         lines += ["", f"Stock -> upstream (stock SGLang {', '.join(ups) or '?'}, its own site, no plugin; "
@@ -1157,7 +1227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, help="with --merge: also write an SVG of the ratios there")
     p.add_argument("--logs", nargs="+", type=Path, default=[],
                    help="with --merge: each record's serve-logs.tar.gz, in the same order, to compare the "
-                        "outputs of records that kept no digests (from the bench_serving files there)")
+                        "outputs of records that kept no digests (from the bench_serving files there) and to say "
+                        "what the servers ran in records that did not keep it (from the server logs there)")
     args = p.parse_args(argv)
     if args.logs and not args.merge:
         p.error("--logs goes with --merge")

@@ -1781,3 +1781,76 @@ def test_pin_cpus_plans_a_set_per_gpu_records_it_and_says_when_it_cannot(tmp_pat
         (out / "serve-bench.md").read_text().splitlines()[0]
     monkeypatch.setattr(sb, "physical_cores", lambda cpus, *a: [[0, 1]])
     assert sb.main(["--out", str(tmp_path / "o2"), "--boots", "1", "--gpus", "2", "--concurrency", "8", "--pin-cpus"]) == 2
+
+
+_ARGS_LINE = ("[2026-11-27 10:30:00] server_args=ServerArgs(model_path='/m/t', attention_backend='{backend}', "
+              "decode_attention_backend=None, prefill_attention_backend=None, speculative_eagle_topk={topk}, "
+              "speculative_num_draft_tokens=8, disable_overlap_schedule={no_overlap}, enable_mixed_chunk=False)\n")
+
+
+def test_servers_record_the_attention_backend_and_overlap_sglang_resolved(tmp_path: Path, monkeypatch) -> None:
+    """``--spec tree`` without ``--backend`` leaves the backend to SGLang, which picks
+    FlashInfer for an explicit tree on Hopper and falls back to spec v1 (overlap off) on both
+    sides: each run keeps what its server's ``server_args`` line says, and the summary says it,
+    with a warning when the two sides ran different attention backends."""
+    import time
+
+    line = _ARGS_LINE.format(backend="flashinfer", topk=4, no_overlap=True)
+    assert sb.server_config("log start\n" + line + "more") == {"attention_backend": "flashinfer", "overlap": False,
+                                                                "topk": 4}
+    assert sb.server_config(_ARGS_LINE.format(backend="fa3", topk=1, no_overlap=False)) == {
+        "attention_backend": "fa3", "overlap": True, "topk": 1}
+    assert sb.server_config("no server_args line") is None
+    # run_server keeps it once the server is ready
+    _no_processes(monkeypatch)
+    written = sb.subprocess.Popen
+
+    def popen(argv, stdout=None, **kw):
+        if stdout is not None and "launch_server" in " ".join(argv):
+            stdout.write(line)
+            stdout.flush()
+        return written(argv, stdout=stdout, **kw)
+
+    monkeypatch.setattr(sb.subprocess, "Popen", popen)
+    monkeypatch.setattr(sb.launch, "wait_until_ready", lambda *a, **k: None)
+    args = argparse.Namespace(out=tmp_path, timeline=False, upstream_site="none", backend="default", server_arg=[],
+                              concurrency=[], spec="tree", model="8b")
+    run = sb.run_server("stock", 0, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=7)
+    assert run["error"] is None and run["server"] == {"attention_backend": "flashinfer", "overlap": False, "topk": 4}
+    # the summary
+    runs = [{"variant": v, "boot": b, "cells": {"16": {"median_ttft_ms": 14.0}}, "error": None,
+             "server": dict(run["server"])} for v in ("stock", "patched") for b in (0, 1)]
+    text = sb.server_lines(runs)
+    assert text == ("Servers as SGLang resolved them (attention backend, overlap scheduler, draft topk): "
+                    "stock: flashinfer, overlap off, topk 4 (x2); patched: flashinfer, overlap off, topk 4 (x2)")
+    runs[2]["server"] = {"attention_backend": "fa3", "overlap": True, "topk": 4}
+    assert "**The attention backends differ between stock and patched**" in sb.server_lines(runs)
+    assert sb.server_lines([{"variant": "stock", "boot": 0, "cells": {}}]) == ""  # records before the field
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "default", "server_args": []}}, "runs": runs}))
+    assert "patched: fa3, overlap on, topk 4 (x1); flashinfer, overlap off, topk 4 (x1)" in sb.merge([doc])
+
+
+def test_merge_reads_what_older_records_servers_ran_from_their_logs(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    runs = [{"variant": v, "boot": 0, "cells": {"16": {"median_ttft_ms": 14.0}}, "error": None}
+            for v in ("stock", "patched")]
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "default", "server_args": []}}, "runs": runs}))
+    logs = tmp_path / "serve-logs.tar.gz"
+    with tarfile.open(logs, "w:gz") as tar:
+        for name, text in (("logs/stock-boot0.log", _ARGS_LINE.format(backend="flashinfer", topk=4, no_overlap=True)),
+                           ("logs/patched-boot0.log", _ARGS_LINE.format(backend="fa3", topk=4, no_overlap=False)),
+                           ("logs/stock-boot0-bench.log", "a bench client's log: not a server's")):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    assert "Servers as SGLang resolved them" not in sb.merge([doc])
+    text = sb.merge([doc], logs=[logs])
+    assert ("stock: flashinfer, overlap off, topk 4 (x1); patched: fa3, overlap on, topk 4 (x1). "
+            "**The attention backends differ between stock and patched**") in text
