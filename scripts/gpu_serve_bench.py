@@ -1182,7 +1182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "DeepSeek-V3 (MLA) with seeded weights, --speculative-algorithm NEXTN and no draft path")
     p.add_argument("--spec", choices=sorted(SPECS), default="chain",
                    help="draft shape: chain 3/1/4 (default) or tree 5/4/8 (steps/topk/draft tokens; "
-                        "stock runs the tree on spec v1, the plugin on spec v2)")
+                        "with --backend fa3 or triton stock runs the tree on spec v1, the plugin on spec v2; with "
+                        "no backend named SGLang picks FlashInfer for it on Hopper, spec v1 on both sides)")
     p.add_argument("--variants", default="stock,patched",
                    help="comma-separated from " + ", ".join(MODES) + " (upstream: stock SGLang of --upstream-site; "
                         "patched-mla-mirror: the plugin with SGLANG_FUTUREMAP_FA3_MLA=0, for --model deepseek)")

@@ -8,7 +8,9 @@
 #   bash scripts/gpu/run_serve_bench.sh --boots 1 --first-boot 1 --concurrency 1,8,16,32,48   # the next, other order
 #   bash scripts/gpu/run_serve_bench.sh --backend triton --boots 1
 #   bash scripts/gpu/run_serve_bench.sh --server-arg=--cuda-graph-max-bs --server-arg=8 --concurrency 24   # eager batches
-#   bash scripts/gpu/run_serve_bench.sh --spec tree --concurrency 1,16,45   # the Llama auto tree 5/4/8 (stock: spec v1)
+#   bash scripts/gpu/run_serve_bench.sh --spec tree --backend fa3 --concurrency 1,16,45   # the Llama auto tree's 5/4/8
+#       given explicitly on FA3 (stock: spec v1, the plugin: spec v2); without --backend SGLang picks FlashInfer
+#       for an explicit tree on Hopper, where both sides run spec v1 (the summary's "Servers" line says which)
 #   bash scripts/gpu/run_serve_bench.sh --gpus 2 --backend triton --variants stock,patched,patched-no-early-intake \
 #       --timeline --boots 3 --concurrency 1,4,16   # the plugin without back-port 19 (on by default) beside it
 #   bash scripts/gpu/run_serve_bench.sh --gpus 2 --timeline --freeze-gc --concurrency 32,45,48   # SGLang's /freeze_gc
