@@ -610,27 +610,34 @@ def launch_tables(rows: list[dict[str, Any]]) -> str:
 FRAMES_SHOWN = 12
 
 
-def steady_frames(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
-    """Per concurrency and variant, over the measured window of every cell (as ``launch_split``):
-    the sampled steady decode launches (``run`` events with ``sampled``, timelines from
-    2026-11-26 on, one steady decode in ``sched_timeline.STEADY_SAMPLE_EVERY``), their median
-    launch and CPU time, and the stack samples' time per launch by leaf frame (file and function,
-    line numbers dropped): where a decode launch's host time goes."""
-    pooled: dict[tuple[int, str], dict[str, Any]] = {}
+def sampled_steady_launches(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]
+                            ) -> Iterator[tuple[int, str, dict[str, Any], list[dict[str, Any]]]]:
+    """Over the measured window of every cell (as ``launch_split``): each sampled steady decode
+    launch (``run`` events with ``sampled``, timelines from 2026-11-26 on, one steady decode in
+    ``sched_timeline.STEADY_SAMPLE_EVERY``) as concurrency, variant, the ``run`` event and the
+    stack samples taken during it."""
     for record, by_run in pairs:
         for run, events, c, t_lo, t_hi in measured_windows(record, by_run):
             samples = [e for e in events if e["kind"] == "sample" and e.get("phase") == "steady"]
             sample_t = [e["t"] for e in samples]
-            acc = pooled.setdefault((c, run["variant"]), {"launch": [], "cpu": [], "frames": {}})
             for r in events:
-                if r["kind"] != "run" or not r.get("sampled") or not t_lo <= r["t"] < t_hi:
-                    continue
-                acc["launch"].append(r["t1"] - r["t"])
-                if _cpu_s(r) is not None:
-                    acc["cpu"].append(_cpu_s(r))
-                for e in _within(samples, sample_t, r["t"], r["t1"]):
-                    leaf = re.sub(r":\d+ ", " ", e["stack"][0]) if e["stack"] else "?"
-                    acc["frames"][leaf] = acc["frames"].get(leaf, 0.0) + e.get("dt", 1e-3)
+                if r["kind"] == "run" and r.get("sampled") and t_lo <= r["t"] < t_hi:
+                    yield c, run["variant"], r, _within(samples, sample_t, r["t"], r["t1"])
+
+
+def steady_frames(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """Per concurrency and variant, the sampled steady decode launches (``sampled_steady_launches``),
+    their median launch and CPU time, and the stack samples' time per launch by leaf frame (file
+    and function, line numbers dropped): where a decode launch's host time goes."""
+    pooled: dict[tuple[int, str], dict[str, Any]] = {}
+    for c, variant, r, samples in sampled_steady_launches(pairs):
+        acc = pooled.setdefault((c, variant), {"launch": [], "cpu": [], "frames": {}})
+        acc["launch"].append(r["t1"] - r["t"])
+        if _cpu_s(r) is not None:
+            acc["cpu"].append(_cpu_s(r))
+        for e in samples:
+            leaf = re.sub(r":\d+ ", " ", e["stack"][0]) if e["stack"] else "?"
+            acc["frames"][leaf] = acc["frames"].get(leaf, 0.0) + e.get("dt", 1e-3)
     rows = []
     for (c, v), acc in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0])):
         n = len(acc["launch"])
@@ -684,29 +691,24 @@ def frame_function(frame: str) -> str:
 
 
 def steady_functions(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
-    """Per variant, over the measured window of every cell (as ``steady_frames``, every
-    concurrency pooled): the sampled steady decode launches and, per function on a sample's
-    stack (``frame_function``; each function once per sample, whatever its depth), the samples'
-    time per launch: a function's inclusive host time, as deep as the probe's stacks reach."""
+    """Per variant, every concurrency pooled: the sampled steady decode launches
+    (``sampled_steady_launches``) and, per function on a sample's stack (``frame_function``; each
+    function once per sample, whatever its depth), the samples' time per launch: a function's
+    inclusive host time, as deep as the probe's stacks reach."""
     pooled: dict[str, dict[str, Any]] = {}
-    for record, by_run in pairs:
-        for run, events, _, t_lo, t_hi in measured_windows(record, by_run):
-            samples = [e for e in events if e["kind"] == "sample" and e.get("phase") == "steady"]
-            sample_t = [e["t"] for e in samples]
-            acc = pooled.setdefault(run["variant"], {"launches": 0, "sampled": 0.0, "functions": collections.Counter()})
-            for r in events:
-                if r["kind"] != "run" or not r.get("sampled") or not t_lo <= r["t"] < t_hi:
-                    continue
-                acc["launches"] += 1
-                for e in _within(samples, sample_t, r["t"], r["t1"]):
-                    dt = e.get("dt", 1e-3)
-                    acc["sampled"] += dt
-                    for f in {frame_function(x) for x in e["stack"]}:
-                        acc["functions"][f] += dt
+    for _, variant, _, samples in sampled_steady_launches(pairs):
+        acc = pooled.setdefault(variant, {"launches": 0, "sampled": 0.0, "functions": collections.Counter()})
+        acc["launches"] += 1
+        for e in samples:
+            dt = e.get("dt", 1e-3)
+            acc["sampled"] += dt
+            for f in {frame_function(x) for x in e["stack"]}:
+                acc["functions"][f] += dt
     return [{"variant": v, "launches": acc["launches"],
              "sampled_ms": round(acc["sampled"] * 1e3 / acc["launches"], 3),
-             "functions_ms": {f: round(t * 1e3 / acc["launches"], 3) for f, t in acc["functions"].most_common()}}
-            for v, acc in sorted(pooled.items(), key=lambda kv: _side_order(0, kv[0])) if acc["launches"]]
+             "functions_ms": {f: round(t * 1e3 / acc["launches"], 3)
+                              for f, t in sorted(acc["functions"].items(), key=lambda kv: (-kv[1], kv[0]))}}
+            for v, acc in sorted(pooled.items(), key=lambda kv: _side_order(0, kv[0]))]
 
 
 def functions_table(rows: list[dict[str, Any]]) -> str:
