@@ -970,22 +970,20 @@ def intake_table(rows: list[dict[str, Any]]) -> str:
 POLL_STATES = ("decode launch", "prefill launch", "decode result", "prefill result", "host wait", "loop")
 
 
-def poll_state(at: float, spans: list[dict[str, Any]], starts: list[float], waits: list[dict[str, Any]],
-               wait_starts: list[float]) -> str:
+def poll_state(at: float, spans: list[dict[str, Any]], starts: list[float], wait_starts: list[float],
+               wait_reach: list[float]) -> str:
     """The scheduler thread's state at time ``at``: inside a ``run`` (a decode or prefill launch)
     or a ``proc`` (a decode or prefill result processed; ``spans``, both kinds sorted by start,
     ``starts`` their starts: one thread, so they do not overlap), else in a host wait outside
-    them (a ``sync`` event: stock's ``maybe_wait_verify_done`` sits between its launches), else
-    ``loop``: the rest of the overlap loop (its poll, the next batch built)."""
+    them (a ``sync`` event, which may nest in another: ``wait_starts`` sorted, ``wait_reach[k]``
+    the latest end of the first k + 1; stock's ``maybe_wait_verify_done`` sits between its
+    launches), else ``loop``: the rest of the overlap loop (its poll, the next batch built)."""
     i = bisect.bisect_right(starts, at) - 1
     if i >= 0 and at < spans[i]["t1"]:
         e = spans[i]
         return ("prefill " if e["extend"] else "decode ") + ("launch" if e["kind"] == "run" else "result")
     j = bisect.bisect_right(wait_starts, at) - 1
-    # Host waits are short and may nest in one another (a probe's nested calls): look a few back.
-    if any(at < w["t1"] for w in waits[max(0, j - 3):j + 1]):
-        return "host wait"
-    return "loop"
+    return "host wait" if j >= 0 and at < wait_reach[j] else "loop"
 
 
 def poll_wait_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -1001,8 +999,9 @@ def poll_wait_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]
         spans = sorted((e for e in events if e["kind"] in ("run", "proc") and "t1" in e), key=lambda e: e["t"])
         waits = sorted((e for e in events if e["kind"] == "sync"), key=lambda e: e["t"])
         starts, wait_starts = [e["t"] for e in spans], [e["t"] for e in waits]
+        wait_reach = list(itertools.accumulate((e["t1"] for e in waits), max))
         for c, _, measured in cells:
-            got = [(poll_state(api[r["rid"]]["dispatch"], spans, starts, waits, wait_starts),
+            got = [(poll_state(api[r["rid"]]["dispatch"], spans, starts, wait_starts, wait_reach),
                     r["t"] - api[r["rid"]]["dispatch"]) for r in measured if r["rid"] in api]
             if got:
                 rows.append({"concurrency": int(c), "variant": run["variant"], "boot": run["boot"], "requests": got})

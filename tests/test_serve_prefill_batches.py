@@ -680,6 +680,7 @@ def _poll_server(slow: float) -> list[dict]:
     D, P = "DECODE", "EXTEND"
     ev = [{"kind": "recv", "t": _ms(0), "rid": "health"}, {"kind": "recv", "t": _ms(10), "rid": "warm"},
           _run(100, 104, D, 4), _sync(101, 102, "relay"), _proc(104, 105, D, 4), _sync(106, 108, "verify"),
+          _sync(106.2, 106.5, "item"),  # nested in the verify wait, over before m4 is sent: m4 is still in it
           _run(110, 130, P, 2), _proc(131, 133, P, 2), _sync(131.5, 132, "copy_done")]
     sends = [("m0", 101.5, 4.0), ("m1", 115, 16), ("m2", 104.5, 1), ("m3", 132, 2),
              ("m4", 107, 1.5), ("m5", 108.5, 1), ("m6", 135, 2), ("m7", 136, 1)]
