@@ -45,7 +45,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -456,6 +456,7 @@ def server_lines(runs: Sequence[dict[str, Any]]) -> str:
     warning when stock and another variant ran different attention backends; "" for records
     made before the field."""
     seen: dict[str, dict[str, int]] = {}
+    backends: dict[str, set[str | None]] = {}
     for run in runs:
         cfg = run.get("server")
         if cfg:
@@ -463,15 +464,12 @@ def server_lines(runs: Sequence[dict[str, Any]]) -> str:
             desc = f"{cfg.get('attention_backend')}, {overlap}, topk {cfg.get('topk')}"
             by = seen.setdefault(run["variant"], {})
             by[desc] = by.get(desc, 0) + 1
+            backends.setdefault(run["variant"], set()).add(cfg.get("attention_backend"))
     if not seen:
         return ""
     parts = [f"{v}: " + "; ".join(f"{d} (x{n})" for d, n in seen[v].items()) for v in [m for m in MODES if m in seen]]
     line = "Servers as SGLang resolved them (attention backend, overlap scheduler, draft topk): " + "; ".join(parts)
-
-    def backends(v: str) -> set[str]:
-        return {d.split(",")[0] for d in seen.get(v, {})}
-
-    differ = [v for v in seen if v != "stock" and "stock" in seen and backends(v) != backends("stock")]
+    differ = [v for v in seen if v != "stock" and "stock" in seen and backends[v] != backends["stock"]]
     if differ:
         line += (f". **The attention backends differ between stock and {', '.join(differ)}**: "
                  "not one configuration")
@@ -513,22 +511,29 @@ def cell_values(bench: dict[str, Any], occ: float | None) -> dict[str, Any]:
     return out
 
 
+def logs_texts(tar_path: Path, folder: str, keep: Callable[[str], bool]) -> Iterator[tuple[str, str]]:
+    """Name and text of each file directly in ``folder`` of a ``serve-logs.tar.gz`` whose name
+    ``keep`` accepts (the others are not read)."""
+    with tarfile.open(tar_path) as tar:
+        for m in tar.getmembers():
+            path = Path(m.name)
+            if m.isfile() and path.parent.name == folder and keep(path.name):
+                f = tar.extractfile(m)
+                assert f is not None
+                yield path.name, f.read().decode(errors="replace")
+
+
 def bench_results(tar_path: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
     """The ``bench_serving`` result of each cell that a ``serve-logs.tar.gz`` keeps
     (``bench/<variant>-boot<n>-c<c>.jsonl``, written with ``--output-details``: every record has
     them; the file's last line is the measured run): ``(variant, boot, concurrency)`` -> that JSON."""
+    cell_file = re.compile(r"(.+)-boot(\d+)-c(\d+)\.jsonl")
     out: dict[tuple[str, int, int], dict[str, Any]] = {}
-    with tarfile.open(tar_path) as tar:
-        for m in tar.getmembers():
-            path = Path(m.name)
-            hit = re.fullmatch(r"(.+)-boot(\d+)-c(\d+)\.jsonl", path.name)
-            if not (m.isfile() and path.parent.name == "bench" and hit):
-                continue
-            f = tar.extractfile(m)
-            assert f is not None
-            lines = f.read().decode(errors="replace").strip().splitlines()
-            if lines:
-                out[(hit.group(1), int(hit.group(2)), int(hit.group(3)))] = json.loads(lines[-1])
+    for name, text in logs_texts(tar_path, "bench", lambda n: cell_file.fullmatch(n) is not None):
+        hit = cell_file.fullmatch(name)
+        lines = text.strip().splitlines()
+        if hit and lines:
+            out[(hit.group(1), int(hit.group(2)), int(hit.group(3)))] = json.loads(lines[-1])
     return out
 
 
@@ -550,17 +555,10 @@ def servers_from_logs(doc: dict[str, Any], tar_path: Path) -> None:
     """Fill in ``server`` (``server_config``) of ``doc``'s runs that lack it from the server logs
     its ``serve-logs.tar.gz`` keeps (``logs/<variant>-boot<n>.log``; records before 2026-11-27)."""
     wanted = {f"{run['variant']}-boot{run['boot']}.log": run for run in doc["runs"] if not run.get("server")}
-    with tarfile.open(tar_path) as tar:
-        for m in tar.getmembers():
-            path = Path(m.name)
-            run = wanted.get(path.name)
-            if run is None or not m.isfile() or path.parent.name != "logs":
-                continue
-            f = tar.extractfile(m)
-            assert f is not None
-            cfg = server_config(f.read().decode(errors="replace"))
-            if cfg:
-                run["server"] = cfg
+    for name, text in logs_texts(tar_path, "logs", wanted.__contains__):
+        cfg = server_config(text)
+        if cfg:
+            wanted[name]["server"] = cfg
 
 
 def same_outputs(runs: Sequence[dict[str, Any]]) -> dict[str, dict[int, list[int]]]:
