@@ -127,6 +127,8 @@ MODE_NOTES = {
                                "prefill's result is processed before the next prefill is launched",
 }
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
+#: The timeline probe's settings a caller may set in the environment (recorded in the config).
+PROBE_ENV = ("SMOKE_SAMPLE_DEPTH", "SMOKE_STEADY_SAMPLE_EVERY", "SMOKE_TIME_FUNCS")
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")
 #: Bootstrap resamples for the pooled TTFT ratios' interval (seeded: the record is reproducible).
 BOOTSTRAP_N = 1000
@@ -1044,7 +1046,9 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
                        "input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
                        "rounds": args.rounds,
                        "min_prompts": args.min_prompts, "concurrency": args.concurrency, "boots": args.boots,
-                       "warmup": args.warmup, "freeze_gc": bool(getattr(args, "freeze_gc", False))}}
+                       "warmup": args.warmup, "freeze_gc": bool(getattr(args, "freeze_gc", False)),
+                       # The timeline probe's stack sampling, where the caller set it (sched_timeline).
+                       "probe_env": {k: os.environ[k] for k in PROBE_ENV if os.environ.get(k)}}}
 
 
 def card_counts(runs: Sequence[dict[str, Any]]) -> str:
@@ -1117,6 +1121,9 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
              + (f"; a boot's variants ran at the same time on GPUs {','.join(env['config']['gpus'])}, "
                 "the GPU of each side alternating with the boot" if env["config"].get("gpus") else "")
              + ("; SGLang's /freeze_gc called once each server was ready" if env["config"].get("freeze_gc") else "")
+             + ("; timeline probe " + ", ".join(f"{k}={v}" for k, v in env["config"]["probe_env"].items())
+                + " (more probe work on the scheduler thread, both sides alike: compare timings within this record)"
+                if env["config"].get("probe_env") else "")
              + ("; each server and its bench client pinned to its own physical cores (--pin-cpus: "
                 + ", ".join(f"{('GPU ' + s) if s else 'servers'} {c}" for s, c in env["config"]["pin_cpus"].items())
                 + ")" if env["config"].get("pin_cpus") else ""),

@@ -53,7 +53,11 @@ first gap, so a worse ITL p99, with every token sooner.
 ``--functions`` prints instead, per variant beside stock over every measured cell, the host time
 of sampled steady decode launches by function on the stack, inclusive (each function once per
 sample): the functions whose time per launch differs most between the sides
-(``steady_functions``). ``--frames`` splits by the leaf frame alone, per concurrency.
+(``steady_functions``). ``--frames`` splits by the leaf frame alone, per concurrency. Stack
+samples favour the calls where the scheduler thread lets go of the GIL (a torch or CUDA call);
+``--ftimes`` prints instead the exact host time per steady decode iteration of the functions the
+probe timed (a run with ``SMOKE_TIME_FUNCS=relay`` or a list of ``module:Qualname``; ``steady_ftimes``),
+per concurrency, stock beside each variant.
 
 ``--poll-wait`` prints instead, per concurrency and variant over every boot, how long each measured
 request waited between the API server sending it and the scheduler receiving it, split by what
@@ -734,6 +738,63 @@ def functions_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def steady_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """Per concurrency and variant (``measured_windows``): the steady decode iterations, a
+    decode launch whose previous launch was a decode too (so its ``run`` event's ``ftimes``, the
+    probe's exact timers since the previous launch ended, cover one whole iteration), their mean
+    launch-to-launch time, and per timed function its calls and ms per iteration."""
+    pooled: dict[tuple[int, str], dict[str, Any]] = {}
+    windows = (w for record, by_run in pairs for w in measured_windows(record, by_run))
+    for run, events, c, t_lo, t_hi in windows:
+        runs = [e for e in events if e["kind"] == "run"]
+        for prev, r, nxt in zip(runs, runs[1:], runs[2:]):
+            if not (t_lo <= r["t"] < t_hi and "ftimes" in r and r["mode"] == "DECODE" and prev["mode"] == "DECODE"):
+                continue
+            acc = pooled.setdefault((c, run["variant"]), {"n": 0, "period": [], "calls": collections.Counter(),
+                                                        "ms": collections.Counter()})
+            acc["n"] += 1
+            acc["period"].append(nxt["t"] - r["t"])
+            for name, (calls, ms) in r["ftimes"].items():
+                acc["calls"][name] += calls
+                acc["ms"][name] += ms
+    rows = []
+    for (c, v), acc in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0])):
+        n = acc["n"]
+        rows.append({"concurrency": c, "variant": v, "iterations": n,
+                     "period_ms": round(statistics.fmean(acc["period"]) * 1e3, 3),
+                     "functions": {f: {"calls": round(acc["calls"][f] / n, 3), "ms": round(acc["ms"][f] / n, 4)}
+                                   for f in sorted(acc["ms"], key=lambda f: (-acc["ms"][f], f))}})
+    return rows
+
+
+def ftimes_table(rows: list[dict[str, Any]]) -> str:
+    """Per concurrency, each timed function's ms and calls per steady decode iteration, stock
+    beside each other variant, largest difference first."""
+    out = ["Exact host time per steady decode iteration, by timed function (`--ftimes`: the probe's "
+           "`SMOKE_TIME_FUNCS` timers, inclusive; mean over iterations; ms, calls per iteration in brackets):", "",
+           "| conc | variant | iterations (stock / this) | launch to launch ms | function | stock ms | this ms | difference |",
+           "|---|---|---|---|---|---|---|---|"]
+    by_c: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_c.setdefault(r["concurrency"], {})[r["variant"]] = r
+    for c, sides in sorted(by_c.items()):
+        st = sides.get("stock", {"iterations": 0, "period_ms": None, "functions": {}})
+        for v, r in sides.items():
+            if v == "stock":
+                continue
+            base, this = st["functions"], r["functions"]
+            names = sorted(set(base) | set(this),
+                           key=lambda f: (-abs(this.get(f, {}).get("ms", 0.0) - base.get(f, {}).get("ms", 0.0)), f))
+            for i, f in enumerate(names):
+                b, t = base.get(f), this.get(f)
+                head = (f"| {c} | {v} | {st['iterations']} / {r['iterations']} | "
+                        f"{_cell(st['period_ms'])} -> {_cell(r['period_ms'])} " if i == 0 else f"| {c} | {v} | | ")
+                out.append(head + f"| {f} | " + (f"{b['ms']:.3f} ({b['calls']:g})" if b else "-") + " | "
+                           + (f"{t['ms']:.3f} ({t['calls']:g})" if t else "-") + " | "
+                           + f"{(t['ms'] if t else 0.0) - (b['ms'] if b else 0.0):+.3f} |")
+    return "\n".join(out)
+
+
 def compile_rows(by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per variant, kernel and first caller: the Triton JIT compiles of the scheduler's process
     (``compile`` events, timelines from 2026-11-26 on), how many servers had them, how many and
@@ -1154,6 +1215,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--functions", action="store_true",
                    help="instead: where sampled steady decode launches spend their host time, by function on the "
                         "stack (inclusive), every cell pooled, stock beside each variant")
+    p.add_argument("--ftimes", action="store_true",
+                   help="instead: exact host time per steady decode iteration of the functions the probe timed "
+                        "(SMOKE_TIME_FUNCS), per concurrency, stock beside each variant")
     p.add_argument("--compiles", action="store_true",
                    help="instead: the Triton JIT compiles in the scheduler's process, per variant, kernel and caller")
     p.add_argument("--host-speed", action="store_true",
@@ -1180,8 +1244,8 @@ def main(argv: list[str] | None = None) -> int:
         print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
         return 2
     if (args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed + args.intake
-            + args.token_times + args.poll_wait + args.functions > 1):
-        print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --functions, "
+            + args.token_times + args.poll_wait + args.functions + args.ftimes > 1):
+        print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --functions, --ftimes, "
               "--host-speed, --intake, --token-times, --poll-wait",
               file=sys.stderr)
         return 2
@@ -1202,11 +1266,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # Read pair by pair, as the rows are made (each record's own messages follow its logs').
     pairs = ((path, json.loads(path.read_text()), timelines(logs)) for path, logs in zip(args.pairs[::2], args.pairs[1::2]))
-    if args.frames or args.functions or args.compiles:
+    if args.frames or args.functions or args.compiles or args.ftimes:
         # Fields only timelines from 2026-11-26 on have.
         if args.frames:
             key, table_of, missing = "frames", frames_table, "sampled steady decodes"
             rows = steady_frames([(record, by_run) for _, record, by_run in pairs])
+        elif args.ftimes:
+            key, table_of, missing = "ftimes", ftimes_table, "timed functions (SMOKE_TIME_FUNCS)"
+            rows = steady_ftimes([(record, by_run) for _, record, by_run in pairs])
         elif args.functions:
             key, table_of, missing = "functions", functions_table, "sampled steady decodes"
             rows = steady_functions([(record, by_run) for _, record, by_run in pairs])

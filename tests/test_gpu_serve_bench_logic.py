@@ -1854,3 +1854,65 @@ def test_merge_reads_what_older_records_servers_ran_from_their_logs(tmp_path: Pa
     text = sb.merge([doc], logs=[logs])
     assert ("stock: flashinfer, overlap off, topk 4 (x1); patched: fa3, overlap on, topk 4 (x1). "
             "**The attention backends differ between stock and patched**") in text
+
+
+def test_timeline_probe_times_named_functions_exactly_and_hands_each_launch_its_share(
+        tmp_path: Path, monkeypatch) -> None:
+    """``SMOKE_TIME_FUNCS``: a class's own method and a module's function are wrapped where they
+    are defined; calls on the scheduler thread add to the next ``run`` event's ``ftimes``
+    (calls since the previous launch ended), calls on other threads are not counted, and names
+    not found are listed once. ``relay`` names SGLang's and the plugin's relay functions."""
+    import threading
+    import types
+    from types import SimpleNamespace
+
+    mod = types.ModuleType("ftimes_stand_in")
+
+    class FutureMap:
+        def publish(self, n):
+            time.sleep(0.002 * n)
+            return n
+
+    def helper():
+        return FutureMap().publish(1)
+
+    mod.FutureMap, mod.helper = FutureMap, helper
+    monkeypatch.setitem(sys.modules, "ftimes_stand_in", mod)
+
+    class Mode:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def is_extend(self) -> bool:
+            return False
+
+    class Scheduler:
+        def process_input_requests(self, recv_reqs): ...
+
+        def run_batch(self, batch):
+            return mod.FutureMap().publish(batch.n)
+
+        def process_batch_result(self, batch, result): ...
+
+    monkeypatch.setattr(st, "TIME_FUNCS", ("ftimes_stand_in:FutureMap.publish", "ftimes_stand_in:helper",
+                                           "ftimes_stand_in:FutureMap.store_to_map", "no_such_module:f"))
+    tl = st.Timeline(str(tmp_path))
+    sched = Scheduler()
+    tl.on_run_batch(SimpleNamespace(f_locals={"self": sched}))
+    assert mod.FutureMap.publish.__wrapped__ is not None  # wrapped where it is defined
+    assert mod.helper() == 1  # between launches, on the scheduler thread: the next launch's share
+    other = threading.Thread(target=lambda: mod.FutureMap().publish(5))  # not the scheduler thread
+    other.start()
+    other.join()
+    assert sched.run_batch(SimpleNamespace(forward_mode=Mode("DECODE"), reqs=[], n=2)) == 2  # delegated
+    sched.run_batch(SimpleNamespace(forward_mode=Mode("DECODE"), reqs=[], n=1))
+    runs = [e for e in tl.events if e["kind"] == "run"]
+    first, second = runs[0]["ftimes"], runs[1]["ftimes"]
+    assert first["helper"][0] == 1 and first["FutureMap.publish"][0] == 2
+    assert first["FutureMap.publish"][1] >= 6.0 > first["helper"][1] - 0.5 >= 1.5  # 2 + 4 ms, helper's 2 ms
+    assert second == {"FutureMap.publish": [1, second["FutureMap.publish"][1]]} and 2.0 <= second["FutureMap.publish"][1] < 6.0
+    missing = [e for e in tl.events if e["kind"] == "ftime_missing"]
+    assert [e["names"] for e in missing] == [["ftimes_stand_in:FutureMap.store_to_map", "no_such_module:f"]]
+    assert st.timed_function_names(" relay, a:b ,a:b") == (*st.RELAY_FUNCS, "a:b")
+    assert "sglang.srt.managers.overlap_utils:FutureMap.publish" in st.RELAY_FUNCS
+    assert st.timed_function_names(None) == ()

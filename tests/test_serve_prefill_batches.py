@@ -763,3 +763,65 @@ def test_functions_count_every_function_on_a_samples_stack_and_match_edited_fram
     assert lines[0] == ("| patched | 1 / 1 | 4.000 -> 6.000 | eagle_info_v2.py prepare_for_decode | 3.000 | 5.000 | +2.000 |")
     assert any(line.endswith("| graphs.py replay | 3.000 | 3.000 | +0.000 |") for line in lines)
     assert spb.main(["--functions", "--frames", str(rec), str(logs)]) == 2
+
+
+def test_ftimes_pool_whole_steady_iterations_per_concurrency_stock_beside_patched(tmp_path: Path, capsys) -> None:
+    """``--ftimes`` takes a decode launch whose previous launch was a decode too (its ``ftimes``
+    then cover one whole iteration), averages each timed function's ms and calls over those
+    iterations, and leaves out the decode right after a prefill and launches outside the cell."""
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 10.0, "4": 40.0}), ("patched", 0, {"2": 10.0, "4": 40.0})])))
+    cells = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
+
+    def side(patched: bool) -> list[dict]:
+        ev = _events(cells)
+        t = 0.1  # cell 4's measured window starts at t = 0.05
+        ev.append({"kind": "run", "t": t, "t1": t + 0.01, "mode": "EXTEND", "extend": True, "bs": 2,
+                   "rids": ["z1", "z2"], "ftimes": {"FutureMap.publish": [1, 50.0]}})
+        for k in range(1, 5):  # k = 1 is the decode right after the prefill: left out
+            own = {"FutureMap.resolve_future": [1, 0.05]}
+            own.update({"FutureMap.publish": [1, 0.02 * k], "FutureMap.stash": [2, 0.1]} if patched
+                       else {"FutureMap.store_to_map": [1, 0.04]})
+            if k == 1:
+                own["FutureMap.resolve_future"] = [1, 99.0]
+            ev.append({"kind": "run", "t": t + 0.02 * k, "t1": t + 0.02 * k + 0.015, "mode": "DECODE",
+                       "extend": False, "bs": 8, "ftimes": own})
+        return sorted(ev, key=lambda e: e["t"])
+
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": side(False)},
+                                        "timeline/patched-boot0/timeline-2.json": {"events": side(True)}})
+    assert spb.main(["--ftimes", "--json", str(rec), str(logs)]) == 0
+    rows = json.loads(capsys.readouterr().out)["ftimes"]
+    stock, patched = [r for r in rows if r["concurrency"] == 4]
+    # k = 2 and 3 have a next launch to measure the period against; k = 4 is the last launch.
+    assert (stock["variant"], stock["iterations"], stock["period_ms"]) == ("stock", 2, 20.0)
+    assert stock["functions"] == {"FutureMap.resolve_future": {"calls": 1.0, "ms": 0.05},
+                                  "FutureMap.store_to_map": {"calls": 1.0, "ms": 0.04}}
+    assert patched["functions"]["FutureMap.publish"] == {"calls": 1.0, "ms": 0.05}  # (0.04 + 0.06) / 2
+    assert patched["functions"]["FutureMap.stash"] == {"calls": 2.0, "ms": 0.1}
+    assert spb.main(["--ftimes", str(rec), str(logs)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 4 | patched |")]
+    assert lines[0] == "| 4 | patched | 2 / 2 | 20.00 -> 20.00 | FutureMap.stash | - | 0.100 (2) | +0.100 |"
+    assert any(line.endswith("| FutureMap.store_to_map | 0.040 (1) | - | -0.040 |") for line in lines)
+    assert spb.main(["--ftimes", "--functions", str(rec), str(logs)]) == 2
+    capsys.readouterr()
+    plain = _tar(tmp_path / "p.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events(cells)}})
+    assert spb.main(["--ftimes", str(rec), str(plain)]) == 1
+    assert "no timed functions" in capsys.readouterr().err
+
+
+def test_profile_relay_host_times_each_relay_function_of_an_eager_decode(spec_future_map) -> None:
+    """``scripts/profile_relay_host.py``'s relay part on CPU: SGLang's FutureMap as patched, an
+    eager decode batch (above ``--graph-bs``) through the six relay functions in the scheduler's
+    order, every iteration's host lengths exact (it raises otherwise), a time for each."""
+    import profile_relay_host as prh
+
+    args = prh.parse_args(["--iters", "5", "--rounds", "3", "--pool", "64", "--graph-bs", "2"])
+    costs = prh.relay_costs(args, 4, device="cpu")
+    assert list(costs) == [*prh.RELAY_ORDER, "sum"]
+    assert all(v > 0 for v in costs.values())
+    assert costs["sum"] == pytest.approx(sum(costs[k] for k in prh.RELAY_ORDER), abs=0.05)
+    # A batch a graph replays has no host lengths to check: the script refuses to call that a relay.
+    args = prh.parse_args(["--iters", "2", "--rounds", "1", "--pool", "64", "--graph-bs", "8"])
+    with pytest.raises(AssertionError, match="lost the lengths"):
+        prh.relay_costs(args, 4, device="cpu")

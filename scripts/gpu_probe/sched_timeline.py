@@ -114,8 +114,62 @@ SAMPLE_S = 1e-3
 #: Every this many steady decode launches (a decode not right after a prefill), one is sampled
 #: too (``phase`` "steady", its ``run`` event ``sampled``): where a decode's host time goes
 #: when no wrapped sync shows it (``serve_prefill_batches.py --frames``).
-STEADY_SAMPLE_EVERY = 8
-SAMPLE_DEPTH = 3
+#: ``SMOKE_STEADY_SAMPLE_EVERY`` and ``SMOKE_SAMPLE_DEPTH`` (the server's environment) override
+#: both: every steady decode and whole stacks, for ``--functions`` on a few boots (an eager
+#: batch gives 32 samples a boot at the defaults). Deeper and denser sampling takes the GIL
+#: more often, on both sides alike.
+STEADY_SAMPLE_EVERY = max(1, int(os.environ.get("SMOKE_STEADY_SAMPLE_EVERY") or 8))
+SAMPLE_DEPTH = max(1, int(os.environ.get("SMOKE_SAMPLE_DEPTH") or 3))
+#: Exact host time of named functions (``SMOKE_TIME_FUNCS`` in the server's environment: comma-
+#: separated ``module:Qualname``, or ``relay`` for ``RELAY_FUNCS``): every call on the scheduler
+#: thread is timed with ``perf_counter``, and each ``run`` event carries the calls made since the
+#: previous ``run`` event ended (``ftimes``: name -> [calls, ms]), so a steady decode's event holds
+#: one whole iteration. Unbiased where stack samples are not: the sampler thread gets the GIL
+#: only where the scheduler thread lets it go (inside a torch or CUDA call), so it attributes
+#: pure Python work to the next such call. A name either side lacks is listed once
+#: (``ftime_missing`` event), not an error: stock has no ``publish``, the plugin no ``store_to_map``.
+RELAY_FUNCS = tuple(
+    f"{module}:{name}"
+    for module, names in (
+        ("sglang.srt.managers.overlap_utils", (
+            "FutureMap.alloc_future_indices", "FutureMap.store_to_map", "FutureMap.resolve_future",
+            "FutureMap.publish", "FutureMap.stash", "FutureMap.resolve_seq_lens_cpu",
+            "FutureMap.lend_draft_extend_lens", "FutureMap.keep_draft_extend_lens",
+            "FutureMap.relayed_eager_seq_lens", "gather_spec_extras")),
+        ("sglang.srt.managers.scheduler", (
+            "Scheduler.forward_spec_v2_overlap", "Scheduler.get_next_batch_to_run", "Scheduler.recv_requests")),
+        ("sglang.srt.managers.scheduler_output_processor_mixin", (
+            "SchedulerOutputProcessorMixin.process_batch_result_decode",)),
+        ("sglang.srt.managers.schedule_batch", (
+            "ScheduleBatch.prepare_for_decode", "ScheduleBatch.get_model_worker_batch",
+            "ScheduleBatch.maybe_wait_verify_done")),
+        ("sglang.srt.speculative.eagle_worker_v2", (
+            "EAGLEWorkerV2.forward_batch_generation", "EAGLEWorkerV2.verify", "EagleDraftWorker.draft",
+            "EagleDraftWorker.draft_forward", "EagleDraftWorker._draft_extend_for_decode")),
+        ("sglang.srt.speculative.eagle_info_v2", (
+            "EagleDraftInputV2Mixin.prepare_for_v2_draft",
+            "EagleDraftInputV2Mixin.prepare_for_extend_to_fill_draft_kvcache",
+            "EagleVerifyInputV2Mixin.prepare_for_v2_verify")),
+        ("sglang.srt.layers.attention.flashattention_backend", ("FlashAttentionBackend.init_forward_metadata",)),
+        ("sglang.srt.model_executor.model_runner", ("ModelRunner.forward",)),
+    )
+    for name in names
+)
+
+
+def timed_function_names(value: str | None) -> tuple[str, ...]:
+    """``SMOKE_TIME_FUNCS`` as a list of ``module:Qualname`` (``relay``: ``RELAY_FUNCS``)."""
+    names: list[str] = []
+    for item in (value or "").split(","):
+        item = item.strip()
+        if item == "relay":
+            names.extend(RELAY_FUNCS)
+        elif item:
+            names.append(item)
+    return tuple(dict.fromkeys(names))
+
+
+TIME_FUNCS = timed_function_names(os.environ.get("SMOKE_TIME_FUNCS"))
 #: Triton JIT compiles (``compile`` events): how many callers outside Triton each names, and
 #: how much of its specialization key it keeps.
 COMPILE_CALLERS = 4
@@ -378,6 +432,8 @@ class Timeline:
         self.prefill_ends: dict[str, collections.deque[tuple[float, Any]]] = {}
         self.pending_ready: collections.deque[tuple[float, Any, Any]] = collections.deque()
         self.gpu_off = False
+        # TIME_FUNCS: name -> [calls, seconds] since the last run event (scheduler thread only).
+        self.ftimes: dict[str, list[Any]] = {}
 
     def on_run_batch(self, frame) -> None:
         """sitecustomize hook (a PY_START callback): install on the first Scheduler.run_batch."""
@@ -557,6 +613,9 @@ class Timeline:
                     ev["sampled"] = True
                 if ev["extend"]:
                     ev["rids"] = [r.rid for r in batch.reqs]
+                if tl.ftimes:
+                    ev["ftimes"] = {k: [n, round(s * 1e3, 4)] for k, (n, s) in tl.ftimes.items()}
+                    tl.ftimes.clear()
                 tl.gpu_end(ev, gpu, result if extend else None, after_prefill)
                 tl.add(ev)
 
@@ -576,11 +635,56 @@ class Timeline:
         sched_cls.run_batch = run_batch
         sched_cls.process_batch_result = process_batch_result
         self._wrap_syncs(threading.get_ident())
+        self.time_functions(TIME_FUNCS, threading.get_ident())
         self.watch_gc("scheduler")
         self.watch_compiles()
         threading.Thread(target=self._ticker, name="sched-timeline", daemon=True).start()
         threading.Thread(target=self._sampler, args=(threading.get_ident(),),
                          name="sched-timeline-sampler", daemon=True).start()
+
+    def time_functions(self, names: Sequence[str], tid: int) -> None:
+        """Wrap each ``module:Qualname`` in ``names`` (looked up where it is defined: a class's own
+        ``__dict__`` or a module's globals) so that its calls on thread ``tid`` add to
+        ``self.ftimes``; the names not found go into one ``ftime_missing`` event."""
+        import importlib
+
+        missing = []
+        for spec in names:
+            module_name, _, qualname = spec.partition(":")
+            *path, attr = qualname.split(".")
+            try:
+                owner: Any = importlib.import_module(module_name)
+                for part in path:
+                    owner = getattr(owner, part)
+                fn = vars(owner)[attr]
+            except (ImportError, AttributeError, KeyError, TypeError):
+                missing.append(spec)
+                continue
+            if not callable(fn) or isinstance(fn, (staticmethod, classmethod)):
+                missing.append(spec)
+                continue
+            setattr(owner, attr, self._timed(qualname, fn, tid))
+        if names:
+            self.add({"kind": "ftime_missing", "t": time.time(), "names": missing})
+
+    def _timed(self, name: str, fn: Any, tid: int) -> Any:
+        acc = self.ftimes
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != tid:
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                entry = acc.get(name)
+                if entry is None:
+                    entry = acc[name] = [0, 0.0]
+                entry[0] += 1
+                entry[1] += time.perf_counter() - t0
+
+        return timed
 
     def gpu_start(self, sched: Any, batch: Any, timed: bool) -> tuple[Any, Any, Any] | None:
         """Before a launch: the earlier launches' GPU times that are ready, then this launch's
