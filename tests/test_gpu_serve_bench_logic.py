@@ -1916,3 +1916,42 @@ def test_timeline_probe_times_named_functions_exactly_and_hands_each_launch_its_
     assert st.timed_function_names(" relay, a:b ,a:b") == (*st.RELAY_FUNCS, "a:b")
     assert "sglang.srt.managers.overlap_utils:FutureMap.publish" in st.RELAY_FUNCS
     assert st.timed_function_names(None) == ()
+
+
+def test_timeline_probe_reads_its_sampling_and_timers_from_the_servers_environment(tmp_path: Path, monkeypatch) -> None:
+    """``SMOKE_SAMPLE_DEPTH``, ``SMOKE_STEADY_SAMPLE_EVERY`` and ``SMOKE_TIME_FUNCS`` in the
+    server's environment set the probe's stack depth, steady-decode sampling and timed functions
+    (as the probe loads in SGLang's processes: from its file, at import); unset, the defaults; and
+    the record's config keeps what the caller set."""
+    import importlib.util
+
+    def load():
+        spec = importlib.util.spec_from_file_location("sched_timeline_env", child_env.PROBE_DIR / "sched_timeline.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    for name in sb.PROBE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    plain = load()
+    assert (plain.SAMPLE_DEPTH, plain.STEADY_SAMPLE_EVERY, plain.TIME_FUNCS) == (3, 8, ())
+    monkeypatch.setenv("SMOKE_SAMPLE_DEPTH", "40")
+    monkeypatch.setenv("SMOKE_STEADY_SAMPLE_EVERY", "1")
+    monkeypatch.setenv("SMOKE_TIME_FUNCS", "relay")
+    deep = load()
+    assert (deep.SAMPLE_DEPTH, deep.STEADY_SAMPLE_EVERY, deep.TIME_FUNCS) == (40, 1, deep.RELAY_FUNCS)
+    args = argparse.Namespace(backend="default", server_arg=[], dataset="random-ids", input_len=256, output_len=256,
+                              range_ratio=1.0, rounds=4, min_prompts=0, concurrency=[16], boots=1, warmup=1,
+                              model="8b", spec="chain", freeze_gc=False, out=tmp_path)
+    config = sb.environment(args)["config"]
+    assert config["probe_env"] == {"SMOKE_SAMPLE_DEPTH": "40", "SMOKE_STEADY_SAMPLE_EVERY": "1",
+                                   "SMOKE_TIME_FUNCS": "relay"}
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": config}, "runs": [
+        {"variant": v, "boot": 0, "cells": {"16": {"median_ttft_ms": 14.0}}} for v in ("stock", "patched")]}))
+    assert ("timeline probe SMOKE_SAMPLE_DEPTH=40, SMOKE_STEADY_SAMPLE_EVERY=1, SMOKE_TIME_FUNCS=relay"
+            in sb.merge([doc]))
+    monkeypatch.delenv("SMOKE_TIME_FUNCS")
+    monkeypatch.delenv("SMOKE_SAMPLE_DEPTH")
+    monkeypatch.delenv("SMOKE_STEADY_SAMPLE_EVERY")
+    assert sb.environment(args)["config"]["probe_env"] == {}

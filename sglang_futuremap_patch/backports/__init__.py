@@ -32,6 +32,7 @@ SERIES: tuple[str, ...] = (
     "eager_relay_lens",
     "mirror_relay_lens",
     "flashinfer_host_indptr",
+    "tree_kv_move_warmup",
 )
 
 
