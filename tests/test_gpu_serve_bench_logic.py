@@ -1955,3 +1955,31 @@ def test_timeline_probe_reads_its_sampling_and_timers_from_the_servers_environme
     monkeypatch.delenv("SMOKE_SAMPLE_DEPTH")
     monkeypatch.delenv("SMOKE_STEADY_SAMPLE_EVERY")
     assert sb.environment(args)["config"]["probe_env"] == {}
+
+
+def test_timeline_probe_names_the_caller_of_a_host_sync_on_the_scheduler_thread_only(tmp_path: Path, monkeypatch) -> None:
+    """The probe's sync wrappers (``Tensor.item`` / ``tolist`` / ``cpu``, CUDA synchronizes)
+    record a wait as long as ``SYNC_MIN_S`` with the file, line and function that called it,
+    on the scheduler thread only; the wrapped call returns what it returned."""
+    import threading
+
+    import torch
+
+    for name in ("item", "tolist", "cpu"):  # put back after the test
+        monkeypatch.setattr(torch.Tensor, name, getattr(torch.Tensor, name))
+    monkeypatch.setattr(st, "SYNC_MIN_S", 0.0)
+    tl = st.Timeline(str(tmp_path))
+    tl._wrap_syncs(threading.get_ident())
+    t = torch.tensor([3, 4])
+
+    def reads_lengths():
+        return t.tolist()
+
+    assert reads_lengths() == [3, 4]
+    other = threading.Thread(target=lambda: t.cpu())
+    other.start()
+    other.join()
+    syncs = [e for e in tl.events if e["kind"] == "sync"]
+    assert [e["what"] for e in syncs] == ["tolist"]
+    assert syncs[0]["where"].startswith("test_gpu_serve_bench_logic.py:") and syncs[0]["where"].endswith(" reads_lengths")
+    assert syncs[0]["t1"] >= syncs[0]["t"]

@@ -402,6 +402,24 @@ def gpu_event() -> Any:
     return torch.cuda.Event(enable_timing=True)
 
 
+def on_thread_timed(fn: Any, tid: int, done: Any, clock: Any) -> Any:
+    """``fn`` wrapped so that a call on thread ``tid`` is timed with ``clock`` and reported as
+    ``done(t0, t1)`` (called inside the wrapper: ``sys._getframe(2)`` there is the caller);
+    on any other thread ``fn`` runs as it is."""
+
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() != tid:
+            return fn(*args, **kwargs)
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            done(t0, clock())
+
+    return timed
+
+
 class Timeline:
     def __init__(self, out_dir: str) -> None:
         self.out_dir = out_dir
@@ -670,21 +688,14 @@ class Timeline:
     def _timed(self, name: str, fn: Any, tid: int) -> Any:
         acc = self.ftimes
 
-        @functools.wraps(fn)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != tid:
-                return fn(*args, **kwargs)
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                entry = acc.get(name)
-                if entry is None:
-                    entry = acc[name] = [0, 0.0]
-                entry[0] += 1
-                entry[1] += time.perf_counter() - t0
+        def done(t0: float, t1: float) -> None:
+            entry = acc.get(name)
+            if entry is None:
+                entry = acc[name] = [0, 0.0]
+            entry[0] += 1
+            entry[1] += t1 - t0
 
-        return timed
+        return on_thread_timed(fn, tid, done, time.perf_counter)
 
     def gpu_start(self, sched: Any, batch: Any, timed: bool) -> tuple[Any, Any, Any] | None:
         """Before a launch: the earlier launches' GPU times that are ready, then this launch's
@@ -824,21 +835,13 @@ class Timeline:
             if orig is None:
                 return
 
-            def timed(*a, **k):
-                if threading.get_ident() != tid:
-                    return orig(*a, **k)
-                t0 = time.time()
-                try:
-                    return orig(*a, **k)
-                finally:
-                    t1 = time.time()
-                    if t1 - t0 >= SYNC_MIN_S:
-                        f = sys._getframe(1)
-                        where = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}"
-                        tl.add({"kind": "sync", "t": t0, "t1": t1, "what": name, "where": where})
+            def done(t0: float, t1: float) -> None:
+                if t1 - t0 >= SYNC_MIN_S:
+                    f = sys._getframe(2)  # the caller of the wrapper (on_thread_timed's timed)
+                    where = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}"
+                    tl.add({"kind": "sync", "t": t0, "t1": t1, "what": name, "where": where})
 
-            timed.__wrapped__ = orig  # type: ignore[attr-defined]
-            setattr(owner, name, timed)
+            setattr(owner, name, on_thread_timed(orig, tid, done, time.time))
 
         for name in ("item", "tolist", "cpu"):
             wrap(torch.Tensor, name)
