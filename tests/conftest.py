@@ -144,6 +144,39 @@ def relay_batch(slots):
         seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None)
 
 
+def overlap_init_scheduler(backend, *, target_graph=None, draft_runner=None, draft_graph=None,
+                           algorithm="EAGLE", **server_args):
+    """A ``Scheduler`` without ``__init__``, ready for the real (patched) ``init_overlap`` on
+    CPU: an overlap scheduler with 8 request slots, speculative ``algorithm``, ``backend`` the
+    attention backend of the target and of every spec-v2 forward, the target's and the draft's
+    CUDA-graph runners and the draft's model runner as given (None: none); ``server_args`` are
+    added to the few fields ``init_overlap`` reads."""
+    import torch
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    s = object.__new__(Scheduler)
+    s.device = "cpu"
+    s.enable_overlap = True
+    s.max_running_requests = 8
+    s.chunked_prefill_size = None
+    s.model_config = SimpleNamespace(context_len=64)
+    s.spec_algorithm = SpeculativeAlgorithm.from_string(algorithm)
+    s.req_to_token_pool = ReqToTokenPool(8, 64, "cpu", enable_memory_saver=False)
+    s.forward_stream = torch.get_device_module("cpu").Stream()
+    s.server_args = SimpleNamespace(enable_dp_attention=False, elastic_ep_backend=None, enable_two_batch_overlap=False,
+                                    disable_piecewise_cuda_graph=False, **server_args)
+    s.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(
+        attn_backend=backend, model_is_mrope=False, use_ngram_embedding=False, graph_runner=target_graph))
+    s.draft_worker = SimpleNamespace(
+        spec_v2_attn_backends=(backend,),
+        draft_worker=SimpleNamespace(draft_runner=draft_runner, draft_runner_list=None, cuda_graph_runner=draft_graph))
+    return s
+
+
 def loop_scheduler():
     """A ``Scheduler`` without ``__init__`` for driving SGLang's real ``event_loop_overlap`` (and
     ``get_next_batch_to_run``) on CPU: stand-ins for what they read besides the collaborators a

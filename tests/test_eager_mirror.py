@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import activate_backport, relay_batch
+from conftest import activate_backport, overlap_init_scheduler, relay_batch
 
 
 def _fa3(num_splits: int):
@@ -66,29 +66,8 @@ def test_the_bound_is_the_smallest_captured_batch_when_an_eager_forward_reads_ho
 
 def _scheduler(fa3_backend, target_max_bs: int, draft_max_bs: int):
     """A ``Scheduler`` without ``__init__``, set up by the real (patched) ``init_overlap``."""
-    from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    device_module = torch.get_device_module("cpu")
-    s = object.__new__(Scheduler)
-    s.device = "cpu"
-    s.enable_overlap = True
-    s.max_running_requests = 8
-    s.chunked_prefill_size = None
-    s.model_config = SimpleNamespace(context_len=64)
-    s.spec_algorithm = SpeculativeAlgorithm.from_string("EAGLE")
-    s.req_to_token_pool = ReqToTokenPool(8, 64, "cpu", enable_memory_saver=False)
-    s.forward_stream = device_module.Stream()
-    s.server_args = SimpleNamespace(enable_dp_attention=False, elastic_ep_backend=None,
-                                    enable_two_batch_overlap=False, disable_piecewise_cuda_graph=False)
-    s.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(
-        attn_backend=fa3_backend, model_is_mrope=False, use_ngram_embedding=False,
-        graph_runner=SimpleNamespace(max_bs=target_max_bs)))
-    s.draft_worker = SimpleNamespace(
-        spec_v2_attn_backends=(fa3_backend,),
-        draft_worker=SimpleNamespace(draft_runner=None, draft_runner_list=None,
-                                     cuda_graph_runner=SimpleNamespace(max_bs=draft_max_bs)))
+    s = overlap_init_scheduler(fa3_backend, target_graph=SimpleNamespace(max_bs=target_max_bs),
+                               draft_graph=SimpleNamespace(max_bs=draft_max_bs))
     s.init_overlap()
     return s
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import activate_backport
+from conftest import activate_backport, overlap_init_scheduler
 
 CHUNK = 128  # the pool's num_locs_upper for an 8B-shaped target (512-byte tiles)
 
@@ -84,36 +84,18 @@ def test_a_pool_without_the_triton_copy_is_left_alone(kernel):
     assert warm_move_kv_cache(pool) == [] and kernel.keys == []
 
 
-def _scheduler(topk, algorithm: str = "EAGLE"):
-    """A ``Scheduler`` without ``__init__``, set up by the real (patched) ``init_overlap``;
-    its target and draft KV pools are ``_pool()`` each."""
+def _scheduler(topk):
+    """A ``Scheduler`` without ``__init__``, set up by the real (patched) ``init_overlap``; its
+    target and draft KV pools are ``_pool()`` each (the target's ``data_ptrs`` are 1s)."""
     from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
-    from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     fa3 = object.__new__(FlashAttentionBackend)
     fa3.num_splits = 0
     target_pool, draft_pool = _pool(), _pool()
     target_pool.data_ptrs = torch.ones(4, dtype=torch.int64)  # tell the two apart
-    s = object.__new__(Scheduler)
-    s.device = "cpu"
-    s.enable_overlap = True
-    s.max_running_requests = 8
-    s.chunked_prefill_size = None
-    s.model_config = SimpleNamespace(context_len=64)
-    s.spec_algorithm = SpeculativeAlgorithm.from_string(algorithm)
-    s.req_to_token_pool = ReqToTokenPool(8, 64, "cpu", enable_memory_saver=False)
+    s = overlap_init_scheduler(fa3, draft_runner=SimpleNamespace(token_to_kv_pool=draft_pool),
+                               speculative_eagle_topk=topk)
     s.token_to_kv_pool_allocator = SimpleNamespace(get_kvcache=lambda: target_pool)
-    s.forward_stream = torch.get_device_module("cpu").Stream()
-    s.server_args = SimpleNamespace(enable_dp_attention=False, elastic_ep_backend=None, enable_two_batch_overlap=False,
-                                    disable_piecewise_cuda_graph=False, speculative_eagle_topk=topk)
-    s.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(
-        attn_backend=fa3, model_is_mrope=False, use_ngram_embedding=False, graph_runner=None))
-    s.draft_worker = SimpleNamespace(
-        spec_v2_attn_backends=(fa3,),
-        draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(token_to_kv_pool=draft_pool),
-                                     draft_runner_list=None, cuda_graph_runner=None))
     s.init_overlap()
     return s
 
