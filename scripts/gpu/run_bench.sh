@@ -37,7 +37,7 @@
 #
 # SGLang's default configuration on H100/H200 (backend default = none given: FA3 + PCG; its PCG
 # capture limit is 512 tokens, so an 8b Engine starts in ~2-2.5 min, ~3-3.5 min with its work).
-# Needs FA3 staged on the machine right before (two short calls, ../shared/gpu/README.md):
+# Needs FA3 staged on the machine right before (two short calls):
 #   carry [".gpu-fa3a"]: bash .gpu-fa3a/stage.sh      then carry [".gpu-fa3b"]: bash .gpu-fa3b/stage.sh
 # then, each chunk one call with carry [".gpu"] (rows at bs 1/4/16/48 unless said):
 #   --model 8b --backend default --reps 1 --no-probe --profile        2 Engines  ~7-8 min (timed + GPU idle)

@@ -18,7 +18,7 @@
 #   bash scripts/gpu/run_e2e.sh --group released --jobs 5 # grammar requests (xgrammar) on the default (FA3 staged), FlashInfer and Triton, and back-port 16 switched on: decodes that hold a request freed just before their launch, token for token; the FA3 tree with back-ports 16 and 22 on
 #   bash scripts/gpu/run_e2e.sh --group tree-v2 --jobs 8 --timeout 420 # 18 EAGLE trees (topk > 1) on spec v2 with the plugin vs stock's spec v1 (FA3 staged for the fa3/default ones)
 #
-# Device calls for the FA3 set (FA3 lives in /tmp of the machine: stage it right before, ../shared/gpu/README.md):
+# Device calls for the FA3 set (FA3 lives in /tmp of the machine: stage it right before, in two calls):
 #   1. carry [".gpu-fa3a"]: bash .gpu-fa3a/stage.sh
 #   2. carry [".gpu-fa3b"]: bash .gpu-fa3b/stage.sh
 #   3. carry [".gpu"]:      bash scripts/gpu/run_e2e.sh --group fa3 --jobs 10

@@ -22,7 +22,7 @@
 #       the boots per device-minute; FA3 staged the same way; one host, so both servers share its CPUs)
 #
 # The default backend (none named: FA3 + piecewise CUDA graph on Hopper) needs FA3 staged first
-# (../shared/gpu/README.md). One stock/patched pair with 5 concurrencies takes ~8 min on an H100.
+# (`bash .gpu-fa3a/stage.sh`, then `bash .gpu-fa3b/stage.sh`, each in its own call right before). One stock/patched pair with 5 concurrencies takes ~8 min on an H100.
 #
 # DeepSeek MTP on MLA (--model deepseek: the tiny DeepSeek-V3 with its NextN layer, seeded weights
 # and its own tokenizer; --speculative-algorithm NEXTN, no draft path; FA3 MLA + PCG on Hopper, FA3

@@ -14,7 +14,7 @@
 #                       "--attention-backend flashinfer", "--sync-probe", or
 #                       "--attention-backend default --sync-probe" (SGLang's own configuration:
 #                       FA3 + piecewise CUDA graph on H100/H200; needs FA3 staged first,
-#                       ../shared/gpu/README.md, and is reported SKIPPED (no FA3) without it)
+#                       `bash .gpu-fa3a/stage.sh` then `.gpu-fa3b/stage.sh`, and is reported SKIPPED (no FA3) without it)
 #                       (see gpu_smoke.py --help; several configurations in one command:
 #                       scripts/gpu/run_matrix.sh)
 # Exit status: gpu_smoke.py's (0 passed or skipped, 1 failed, 2 harness error: an Engine did not
