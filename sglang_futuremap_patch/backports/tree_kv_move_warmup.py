@@ -22,13 +22,13 @@ an explicit tree on spec v1, which never moves KV.
 How: ``warm_move_kv_cache`` moves the pool's padding slot 0 onto itself (what SGLang's own
 warm-up moves) once for each size class the kernel can meet: for every power of two up to
 the pool's chunk size the smallest row count it bounds, and from 16 on the power itself (the
-one count of its class that is a multiple of 16). ``Scheduler.init_overlap`` calls it for the target's KV pool (and the draft
-model's, which back-port 12 moves with the same kernel for page sizes above 1) when the
-draft is a tree (``speculative_eagle_topk > 1``) on the overlap scheduler, the only way a
-tree reaches the spec-v2 worker. The kernel, its arguments and every move while serving
-are SGLang's, unchanged; the KV the warm-up touches is the padding slot's, which no request
-reads. The cost is at start-up: on the same benchmark a tree server was ready 4-8 s later than
-stock's, where both were ready together before.
+one count of its class that is a multiple of 16). ``Scheduler.init_overlap`` calls it for
+the target's KV pool (and the draft model's, which back-port 12 moves with the same kernel
+for page sizes above 1) when the draft is a tree (``speculative_eagle_topk > 1``) on the
+overlap scheduler, the only way a tree reaches the spec-v2 worker. The kernel, its arguments
+and every move while serving are SGLang's, unchanged; the KV the warm-up touches is the
+padding slot's, which no request reads. The cost is at start-up: on the same benchmark a
+tree server was ready 4-8 s later than stock's, where both were ready together before.
 """
 
 from __future__ import annotations
