@@ -127,9 +127,9 @@ MODE_NOTES = {
                                "prefill's result is processed before the next prefill is launched",
 }
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
+PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")
 #: The timeline probe's settings a caller may set in the environment (recorded in the config).
 PROBE_ENV = ("SMOKE_SAMPLE_DEPTH", "SMOKE_STEADY_SAMPLE_EVERY", "SMOKE_TIME_FUNCS")
-PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")
 #: Bootstrap resamples for the pooled TTFT ratios' interval (seeded: the record is reproducible).
 BOOTSTRAP_N = 1000
 #: Draft shapes (``--spec``): ``chain`` 3 steps / topk 1 / 4 draft tokens (SGLang's choice for
@@ -1047,7 +1047,8 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
                        "rounds": args.rounds,
                        "min_prompts": args.min_prompts, "concurrency": args.concurrency, "boots": args.boots,
                        "warmup": args.warmup, "freeze_gc": bool(getattr(args, "freeze_gc", False)),
-                       # The timeline probe's stack sampling, where the caller set it (sched_timeline).
+                       # The timeline probe's stack sampling and function timers, where the caller
+                       # set them (sched_timeline).
                        "probe_env": {k: os.environ[k] for k in PROBE_ENV if os.environ.get(k)}}}
 
 

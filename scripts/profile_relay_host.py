@@ -174,15 +174,12 @@ def relay_costs(args: argparse.Namespace, bs: int, device: str = "cuda") -> dict
     indices = torch.tensor(slots, device=dev)
     new_lens = torch.full((bs,), 300, dtype=torch.int64, device=dev)
 
-    def draft_input() -> Any:
-        g = torch.Generator(device=dev).manual_seed(bs)
-        return EagleDraftInput(
-            topk_p=torch.rand((bs, 1), generator=g, device=dev), topk_index=torch.zeros((bs, 1), dtype=torch.int64,
-                                                                                        device=dev),
-            bonus_tokens=torch.zeros((bs,), dtype=torch.int64, device=dev),
-            hidden_states=torch.zeros((bs, args.hidden), dtype=torch.bfloat16, device=dev))
-
-    payload = draft_input()
+    g = torch.Generator(device=dev).manual_seed(bs)
+    payload = EagleDraftInput(
+        topk_p=torch.rand((bs, 1), generator=g, device=dev),
+        topk_index=torch.zeros((bs, 1), dtype=torch.int64, device=dev),
+        bonus_tokens=torch.zeros((bs,), dtype=torch.int64, device=dev),
+        hidden_states=torch.zeros((bs, args.hidden), dtype=torch.bfloat16, device=dev))
     batch = SimpleNamespace(reqs=[SimpleNamespace(req_pool_idx=s) for s in slots], forward_mode=ForwardMode.DECODE,
                             req_pool_indices=indices, seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None,
                             spec_info=EagleDraftInput(future_indices=FutureIndices(indices=indices)))
