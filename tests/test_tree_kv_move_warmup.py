@@ -84,7 +84,7 @@ def test_a_pool_without_the_triton_copy_is_left_alone(kernel):
     assert warm_move_kv_cache(pool) == [] and kernel.keys == []
 
 
-def _scheduler(topk):
+def _scheduler(topk, page_size: int = 1):
     """A ``Scheduler`` without ``__init__``, set up by the real (patched) ``init_overlap``; its
     target and draft KV pools are ``_pool()`` each (the target's ``data_ptrs`` are 1s)."""
     from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
@@ -94,7 +94,7 @@ def _scheduler(topk):
     target_pool, draft_pool = _pool(), _pool()
     target_pool.data_ptrs = torch.ones(4, dtype=torch.int64)  # tell the two apart
     s = overlap_init_scheduler(fa3, draft_runner=SimpleNamespace(token_to_kv_pool=draft_pool),
-                               speculative_eagle_topk=topk)
+                               speculative_eagle_topk=topk, page_size=page_size)
     s.token_to_kv_pool_allocator = SimpleNamespace(get_kvcache=lambda: target_pool)
     s.init_overlap()
     return s
@@ -106,9 +106,12 @@ def test_init_overlap_warms_the_target_and_draft_pools_of_a_tree_only(kernel, mo
     moved = []
     real = memory_pool.warm_move_kv_cache
     monkeypatch.setattr(memory_pool, "warm_move_kv_cache", lambda pool: moved.append(pool) or real(pool))
-    s = _scheduler(topk=4)
+    s = _scheduler(topk=4, page_size=16)
     assert [int(p.data_ptrs[0]) for p in moved] == [1, 0]  # the target's pool, then the draft's
     assert s.future_map is not None and len(set(kernel.keys)) == len(kernel.keys) // 2  # same classes twice
+    moved.clear()
+    _scheduler(topk=4)  # page size 1: only the accepted path's move, on the target's pool
+    assert [int(p.data_ptrs[0]) for p in moved] == [1]
     for topk in (1, None):  # a chain moves no KV; a scheduler without the field is no tree
         moved.clear()
         _scheduler(topk=topk)

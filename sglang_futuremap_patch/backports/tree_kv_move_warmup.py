@@ -23,8 +23,8 @@ How: ``warm_move_kv_cache`` moves the pool's padding slot 0 onto itself (what SG
 warm-up moves) once for each size class the kernel can meet: for every power of two up to
 the pool's chunk size the smallest row count it bounds, and from 16 on the power itself (the
 one count of its class that is a multiple of 16). ``Scheduler.init_overlap`` calls it for
-the target's KV pool (and the draft model's, which back-port 12 moves with the same kernel
-for page sizes above 1) when the draft is a tree (``speculative_eagle_topk > 1``) on the
+the target's KV pool (and, with a page size above 1, for the draft model's, which back-port 12
+moves with the same kernel; with page size 1 nothing moves the draft's KV) when the draft is a tree (``speculative_eagle_topk > 1``) on the
 overlap scheduler, the only way a tree reaches the spec-v2 worker. The kernel, its arguments
 and every move while serving are SGLang's, unchanged; the KV the warm-up touches is the
 padding slot's, which no request reads. The cost is at start-up: on the same benchmark a
@@ -82,13 +82,13 @@ _INIT_OVERLAP_EDITS = (
 
         # A spec-v2 tree moves its accepted path's KV in sizes that follow the
         # batch: compile each size class now, not while serving.
-        draft = getattr(self.draft_worker, "draft_worker", None)
-        draft_runner = getattr(draft, "draft_runner", None)
-        pools = [self.token_to_kv_pool_allocator.get_kvcache()]
-        pools.append(getattr(draft_runner, "token_to_kv_pool", None))
-        for pool in pools:
-            if pool is not None:
-                warm_move_kv_cache(pool)
+        warm_move_kv_cache(self.token_to_kv_pool_allocator.get_kvcache())
+        if self.server_args.page_size > 1:
+            # In pages, the draft also copies a prefix's partial page into its branches.
+            draft = getattr(self.draft_worker, "draft_worker", None)
+            draft_pool = getattr(getattr(draft, "draft_runner", None), "token_to_kv_pool", None)
+            if draft_pool is not None:
+                warm_move_kv_cache(draft_pool)
     self.batch_record_buf = [None] * 2
     self.batch_record_ct = 0
 """,
