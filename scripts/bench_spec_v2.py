@@ -320,10 +320,13 @@ def context_needed(prompt_len: int, *new_tokens: int) -> int:
 
 def engine_kwargs(model: str, backend: str, target: str, draft: str | None, batch_sizes: Sequence[int], *,
                   mem_fraction: float | None = None, pcg_max_tokens: int | None = None,
-                  seed: int = 0, log_level: str = "info", spec: Sequence[int] = DEFAULT_SPEC) -> dict[str, Any]:
+                  seed: int = 0, log_level: str = "info", spec: Sequence[int] = DEFAULT_SPEC,
+                  graph_max_bs: int | None = None) -> dict[str, Any]:
     """``sglang.Engine`` kwargs of one case; ``spec``: (steps, topk, draft tokens). ``draft`` is
     not passed for a NEXTN model (SGLang takes the target's NextN layer); a model with seeded
-    weights loads them (no ``load_format``), the others dummy weights."""
+    weights loads them (no ``load_format``), the others dummy weights. CUDA graphs are captured
+    for exactly the batch sizes measured, or, with ``graph_max_bs``, for SGLang's own list up to
+    it (``--cuda-graph-max-bs`` as a user passes it), so larger batches run eagerly."""
     attn, pcg = BACKENDS[backend]
     bss = sorted(set(int(b) for b in batch_sizes))
     if pcg_max_tokens is None:
@@ -333,8 +336,9 @@ def engine_kwargs(model: str, backend: str, target: str, draft: str | None, batc
     kw = engine_config.spec_engine_kwargs(
         target, None if algorithm == engine_config.NEXTN_ALGORITHM else draft, algorithm=algorithm, backend=attn,
         cuda_graph=True, pcg=pcg, mem_fraction=mem_fraction if mem_fraction is not None else MEM_FRACTION[model],
-        seed=seed, cuda_graph_max_bs=max(bss), pcg_max_tokens=pcg_max_tokens if backend_pcg(backend) else None,
-        log_level=log_level, **weights, cuda_graph_bs=bss)
+        seed=seed, cuda_graph_max_bs=graph_max_bs or max(bss),
+        pcg_max_tokens=pcg_max_tokens if backend_pcg(backend) else None,
+        log_level=log_level, **weights, **({} if graph_max_bs else {"cuda_graph_bs": bss}))
     kw.update(spec_kwargs(spec))
     return kw
 
@@ -412,11 +416,14 @@ DEFAULT_PROMPT_LEN = 64
 def case_name(case: dict[str, Any]) -> str:
     """``8b/default``; ``8b/default prompt 8192`` for a case with other than the default
     prompt length (the long-context row); ``8b/flashinfer spec 3/4/16`` for a case with other
-    than the default spec (3/1/4, whose cases keep the name they always had)."""
+    than the default spec (3/1/4, whose cases keep the name they always had); ``8b/default
+    graphs <= 8`` for a case whose CUDA graphs stop at batch size 8 (larger ones run eagerly)."""
     plen = case.get("prompt_len") or DEFAULT_PROMPT_LEN
     spec = case_spec(case)
+    graph_max_bs = case.get("graph_max_bs")
     return (f"{case['model']}/{case['backend']}" + (f" prompt {plen}" if plen != DEFAULT_PROMPT_LEN else "")
-            + (f" spec {spec_label(spec)}" if spec != DEFAULT_SPEC else ""))
+            + (f" spec {spec_label(spec)}" if spec != DEFAULT_SPEC else "")
+            + (f" graphs <= {graph_max_bs}" if graph_max_bs else ""))
 
 
 def timed_runs(case: dict[str, Any], variant: str) -> list[dict[str, Any]]:
@@ -1007,17 +1014,20 @@ def new_doc(command: str, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def get_case(doc: dict[str, Any], model: str, backend: str, prompt_len: int | None = None,
-             spec: Sequence[int] | None = None) -> dict[str, Any]:
-    """The case of (model, backend, prompt length, spec) in ``doc``, made when missing (a case
-    without a spec, from an older file, is the default spec's)."""
+             spec: Sequence[int] | None = None, graph_max_bs: int | None = None) -> dict[str, Any]:
+    """The case of (model, backend, prompt length, spec, CUDA-graph limit) in ``doc``, made when
+    missing (a case without a spec, from an older file, is the default spec's; one without a
+    limit captured every batch size it measured)."""
     plen = prompt_len or DEFAULT_PROMPT_LEN
     shape = tuple(int(x) for x in spec) if spec else DEFAULT_SPEC
     for c in doc["cases"]:
         if (c["model"] == model and c["backend"] == backend and (c.get("prompt_len") or DEFAULT_PROMPT_LEN) == plen
-                and case_spec(c) == shape):
+                and case_spec(c) == shape and c.get("graph_max_bs") == graph_max_bs):
             return c
     c = {"model": model, "backend": backend, "prompt_len": plen, "spec": list(shape), "engine_kwargs": None,
          "runs": [], "probe": {}, "profile": {}, "host": {}, "skipped": []}
+    if graph_max_bs:
+        c["graph_max_bs"] = graph_max_bs
     doc["cases"].append(c)
     return c
 
@@ -1032,7 +1042,8 @@ def merge_docs(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         src["path"] = doc.get("_path")
         merged["sources"].append(src)
         for case in doc.get("cases", []):
-            m = get_case(merged, case["model"], case["backend"], case.get("prompt_len"), case_spec(case))
+            m = get_case(merged, case["model"], case["backend"], case.get("prompt_len"), case_spec(case),
+                         case.get("graph_max_bs"))
             m["skipped"] = m.get("skipped", []) + list(case.get("skipped") or [])
             if m["engine_kwargs"] is None:
                 m["engine_kwargs"] = case.get("engine_kwargs")
@@ -1557,6 +1568,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-trim-tail", type=float, default=0.05)
     p.add_argument("--mem-fraction", type=float, default=None,
                    help=f"mem_fraction_static (default per model: {MEM_FRACTION})")
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None, metavar="N",
+                   help="capture CUDA graphs up to batch size N only (SGLang's own list), so the "
+                        "larger batch sizes measured decode eagerly; the case is named '... graphs <= N' "
+                        "(default: a graph for every batch size measured)")
     p.add_argument("--pcg-max-tokens", type=int, default=None,
                    help="piecewise_cuda_graph_max_tokens for backends with piecewise CUDA graph (default: "
                         f"{PCG_MAX_TOKENS}, SGLang's for the others); smaller starts faster")
@@ -1627,6 +1642,7 @@ def main(argv: list[str] | None = None) -> int:
         "variant_env": {v.name: dict(v.env) for v in variants if v.env},
         "upstream_site": next((v.site for v in variants if v.site), None),
         "pcg_max_tokens": args.pcg_max_tokens, "mem_fraction": args.mem_fraction,
+        "cuda_graph_max_bs": args.cuda_graph_max_bs,
     }
     max_positions = context_needed(args.prompt_len, args.max_new_tokens, args.warmup_new_tokens,
                                    args.profile_new_tokens)
@@ -1636,8 +1652,10 @@ def main(argv: list[str] | None = None) -> int:
             for b in backends:
                 for shape in specs:
                     kw = engine_kwargs(m, b, f"<{m}/target>", f"<{m}/draft>", bss, mem_fraction=args.mem_fraction,
-                                       pcg_max_tokens=args.pcg_max_tokens, spec=shape)
-                    name = case_name({"model": m, "backend": b, "prompt_len": args.prompt_len, "spec": shape})
+                                       pcg_max_tokens=args.pcg_max_tokens, spec=shape,
+                                       graph_max_bs=args.cuda_graph_max_bs)
+                    name = case_name({"model": m, "backend": b, "prompt_len": args.prompt_len, "spec": shape,
+                                      "graph_max_bs": args.cuda_graph_max_bs})
                     expect = ("tree, expected: stock spec v1, patched and upstream spec v2" if is_tree(shape)
                               else "chain, expected: spec v2")
                     print(f"{name}: spec {spec_label(shape)} (steps/topk/draft tokens; {expect}), "
@@ -1686,9 +1704,10 @@ def main(argv: list[str] | None = None) -> int:
             target, draft = model_factory.write_model_dirs(model, work / "models", max_positions)
             vocab = model_factory.model_config(target)["vocab_size"]
             for backend, shape in ((b, x) for b in backends for x in specs):
-                case = get_case(doc, model, backend, args.prompt_len, shape)
+                case = get_case(doc, model, backend, args.prompt_len, shape, args.cuda_graph_max_bs)
                 kw = engine_kwargs(model, backend, target, draft, bss, mem_fraction=args.mem_fraction,
-                                   pcg_max_tokens=args.pcg_max_tokens, spec=shape)
+                                   pcg_max_tokens=args.pcg_max_tokens, spec=shape,
+                                   graph_max_bs=args.cuda_graph_max_bs)
                 case["engine_kwargs"] = kw
                 case["max_positions"] = max_positions
                 runnable = [v for v in variants if not backend_needs_fa3(backend) or fa3[v.name]]

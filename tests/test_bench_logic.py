@@ -835,6 +835,35 @@ def test_spec_cases_labels_kwargs_and_merging(tmp_path):
         ("8b/flashinfer", 4), ("8b/flashinfer spec 3/4/16", 1)]
 
 
+def test_a_cuda_graph_limit_makes_an_eager_case_of_its_own(tmp_path, capsys):
+    # --cuda-graph-max-bs 8 with batch sizes 16 / 24: SGLang's own capture list up to 8, so the
+    # measured batches decode eagerly, and the case never merges with the all-graph case
+    t, d = model_factory.write_model_dirs("8b", tmp_path)
+    kw = bench.engine_kwargs("8b", "default", t, d, [16, 24], graph_max_bs=8)
+    assert kw["cuda_graph_max_bs"] == 8 and "cuda_graph_bs" not in kw
+    graphs = bench.engine_kwargs("8b", "default", t, d, [16, 24])
+    assert graphs["cuda_graph_max_bs"] == 24 and graphs["cuda_graph_bs"] == [16, 24]
+    doc = bench.new_doc("x", {})
+    eager = bench.get_case(doc, "8b", "default", 64, None, 8)
+    assert eager is not bench.get_case(doc, "8b", "default", 64) and len(doc["cases"]) == 2
+    assert bench.get_case(doc, "8b", "default", 64, (3, 1, 4), 8) is eager
+    assert bench.case_name(eager) == "8b/default graphs <= 8"
+    a = _doc([dict(_case(model="8b", backend="default", runs=[_run("stock", 0, {16: [100]})]), graph_max_bs=8),
+              _case(model="8b", backend="default", runs=[_run("stock", 0, {16: [200]})])])
+    b = _doc([dict(_case(model="8b", backend="default", runs=[_run("patched", 0, {16: [101]})]), graph_max_bs=8)])
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    merged = bench.merge_docs(bench.load_docs([pa, pb]))
+    assert [(bench.case_name(c), len(c["runs"])) for c in merged["cases"]] == [
+        ("8b/default graphs <= 8", 2), ("8b/default", 1)]
+    assert bench.main(["--dry-run", "--model", "8b", "--backend", "default", "--reps", "1", "--no-probe",
+                       "--batch-sizes", "16,24", "--cuda-graph-max-bs", "8"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.startswith("8b/default graphs <= 8: ")
+    assert json.loads(head.split("context 4096: ", 1)[1])["cuda_graph_max_bs"] == 8
+
+
 def test_dry_run_prints_the_spec_of_every_case(capsys):
     assert bench.main(["--dry-run", "--model", "8b", "--backend", "flashinfer,fa3-pcg", "--reps", "1", "--no-probe",
                        "--spec", "3,4,16;3,1,4", "--spec", "5,4,8"]) == 0
