@@ -131,6 +131,23 @@ def test_consecutive_prefills_only_a_finished_one_goes_first(patched):
         "launch P1", "process P1", "launch P2", "launch P3", "process P2", "process P3", "launch D"]
 
 
+@pytest.mark.parametrize("switch", [None, "1"])
+def test_consecutive_prefills_of_a_tree_go_first_as_stock_spec_v1_orders_them(clean_state, monkeypatch,
+                                                                              switch):
+    """A tree runs on spec v1 in stock SGLang: each prefill's result before the next launch.
+    Still running and large, a tree's prefill goes first before another prefill; before a
+    decode the size rule holds as for a chain."""
+    if switch is None:
+        monkeypatch.delenv("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", switch)
+    activate_backport()
+    batches = [_batch("P1", "prefill", new_tokens=4096), _batch("P2", "prefill", new_tokens=4096),
+               _batch("P3", "prefill", new_tokens=4096), _batch("D", "decode", new_tokens=0)]
+    assert _run_loop(batches, {}, topk=4) == [
+        "launch P1", "process P1", "launch P2", "process P2", "launch P3", "launch D", "process P3"]
+
+
 @pytest.mark.parametrize("case", ["not_spec_v2", "dp_attention", "env_off", "env_unset"])
 def test_stock_order_where_it_does_not_apply(patched, monkeypatch, case):
     """Non-speculative batches are untouched, DP attention ranks decide with synchronised

@@ -25,9 +25,13 @@ prefill's result first and launches the next batch right after: SGLang's own ord
 consecutive prefills. The next batch was built before, so it is the same batch; the GPU idles
 for the result processing (about 1.5 ms) once per such prefill, and the first tokens leave one
 launch earlier. A large prefill still running keeps the overlap order (its GPU time covers the
-next launch), and so does a running prefill followed by another prefill (the second one's
-requests would wait; ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP`` is SGLang's switch for
-that). Not under DP attention (its ranks must decide alike; SGLang decides with synchronised
+next launch), and so does a chain's running prefill followed by another prefill (the second
+one's requests would wait; ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP`` is SGLang's switch for
+that). A tree's running prefill goes first before another prefill too: that is the order of
+stock SGLang, which runs a tree on spec v1 (no overlap), and the first tokens of the first
+prefill otherwise wait for the whole launch of the second (20-50 ms of host time on an
+8B-shaped target), while the second prefill's kernels queue behind the first on the GPU either
+way. Not under DP attention (its ranks must decide alike; SGLang decides with synchronised
 flags there) and not for non-speculative batches (unchanged).
 
 Measured (H100, default configuration, serving benchmark, 2026-11-24, one boot per variant in
@@ -78,7 +82,8 @@ SMALL_PREFILL_TOKENS = 1024
 def process_prefill_first(self, batch) -> bool:
     """Whether the overlap loop should process the last batch, a spec-v2 prefill, before it
     launches ``batch``: when the prefill has finished on the GPU (the event query does not
-    block), or when ``batch`` is a decode and the prefill is small. Cheap checks first.
+    block), when ``batch`` is a decode and the prefill is small, or, for a tree, when ``batch``
+    is another prefill. Cheap checks first.
 
     The last batch is read from the snapshot the loop queued with its result
     (``result_queue[0][0]``, ``ScheduleBatch.copy()`` at launch), not from ``self.last_batch``:
@@ -97,13 +102,18 @@ def process_prefill_first(self, batch) -> bool:
     if not launched.forward_mode.is_extend():
         return False
     setting = os.environ.get("SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST", "").strip()
+    tree = (self.server_args.speculative_eagle_topk or 1) > 1
     # Unset: on for a tree (topk > 1) only, where it was measured to pay off (module docstring).
-    if not (setting == "1" if setting else (self.server_args.speculative_eagle_topk or 1) > 1):
+    if not (setting == "1" if setting else tree):
         return False
     copy_done = result.copy_done
     if copy_done is None:
         return False
     if copy_done.query():
+        return True
+    if tree and batch.forward_mode.is_extend():
+        # Consecutive prefills of a tree: in the order of stock SGLang, which runs a tree on
+        # spec v1, one prefill's result before the next prefill's launch.
         return True
     # The snapshot keeps the prefill's requests; each one's extend_input_len is what it
     # prefilled (ScheduleBatch.copy() does not carry extend_num_tokens).
