@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import activate_backport
-from sim_support import make_pools, make_server_args
+from sim_support import make_pools, make_server_args, spec_v2_decode_batch
 
 
 class _Stop(Exception):
@@ -177,65 +177,6 @@ class UploadProbe:
             self.armed = False
 
 
-class _PagedSlots:
-    """The paged KV allocator's slot assignment (a Triton kernel in SGLang) stood in for:
-    fresh slots in order, every call recorded with the tensors it was given."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict[str, object]] = []
-        self.next = 1
-
-    def __call__(self, *args, **kwargs):
-        names = ("tree_cache", "prefix_lens", "prefix_lens_cpu", "seq_lens", "seq_lens_cpu",
-                 "last_loc", "extend_num_tokens")
-        call = dict(zip(names, args), **kwargs)
-        self.calls.append({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in call.items()})
-        n = int(call["extend_num_tokens"])
-        out = torch.arange(self.next, self.next + n, dtype=torch.int64)
-        self.next += n
-        return out
-
-
-def _decode_batch(page_size: int, monkeypatch):
-    """A spec-v2 decode batch of three requests, as the running batch holds them after their
-    prefill (KV allocated for the prompt by SGLang's ``alloc_for_extend``, lengths committed).
-    Returns the batch and the paged-slot recorder (page size > 1)."""
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-    from sglang.srt.mem_cache import common
-    from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.speculative import eagle_info_v2
-    from sglang.srt.speculative.eagle_info import EagleDraftInput
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    slots = _PagedSlots()
-    monkeypatch.setattr(common, "alloc_paged_token_slots_extend", slots)
-    monkeypatch.setattr(eagle_info_v2, "alloc_paged_token_slots_extend", slots)
-    pool, allocator, tree_cache = make_pools(4, 96, kv_tokens=2048)
-    tree_cache.page_size = allocator.page_size = page_size
-    pool.device = ACCEL
-    reqs = []
-    for i, n in enumerate((5, 9, 17)):
-        params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
-        params.normalize(None)
-        req = Req(f"r-{i}", "", [11 + k for k in range(n)], params, vocab_size=512)
-        req.init_next_round_input(tree_cache)
-        req.set_extend_input_len(len(req.fill_ids) - len(req.prefix_indices))
-        reqs.append(req)
-    model_config = SimpleNamespace(vocab_size=512, is_encoder_decoder=False, is_matryoshka=False,
-                                   hidden_size=16, context_len=96)
-    batch = ScheduleBatch.init_new(reqs, pool, allocator, tree_cache, model_config, True,
-                                   SpeculativeAlgorithm.from_string("EAGLE3"))
-    batch.device = ACCEL
-    batch.prepare_for_extend()
-    for r in reqs:
-        r.kv_committed_len = r.kv_allocated_len = len(r.origin_input_ids)
-    batch.forward_mode = type(batch.forward_mode).DECODE
-    batch.spec_info = EagleDraftInput(
-        topk_p=torch.ones(3, 1), topk_index=torch.zeros(3, 1, dtype=torch.int64),
-        hidden_states=torch.zeros(3, 16), bonus_tokens=torch.zeros(3, dtype=torch.int64))
-    return batch, slots
-
-
 @pytest.fixture
 def server_args():
     from sglang.srt import server_args as sa
@@ -260,7 +201,7 @@ def test_prepare_for_decode_uploads_do_not_block(patched, monkeypatch, server_ar
 
     server_args(page_size=page_size)
     monkeypatch.setattr(spec_utils, "assign_req_to_token_pool_func", torch_assign_req_to_token_pool_func)
-    batch, slots = _decode_batch(page_size, monkeypatch)
+    batch, slots = spec_v2_decode_batch(page_size, monkeypatch, ACCEL)
     before = [r.kv_allocated_len for r in batch.reqs]
     probe = UploadProbe(monkeypatch)
     with probe.arm():
@@ -313,7 +254,7 @@ def test_prefill_preparation_uploads_do_not_block(patched, monkeypatch, server_a
     server_args(page_size=16, enable_deterministic_inference=deterministic)
     probe = UploadProbe(monkeypatch)
     with probe.arm():
-        batch, slots = _decode_batch(16, monkeypatch)
+        batch, slots = spec_v2_decode_batch(16, monkeypatch, ACCEL)
     assert probe.blocking == []
     assert probe.async_uploads >= (5 if deterministic else 4)
     (call,) = slots.calls

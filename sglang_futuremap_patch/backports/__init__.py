@@ -33,6 +33,7 @@ SERIES: tuple[str, ...] = (
     "mirror_relay_lens",
     "flashinfer_host_indptr",
     "tree_kv_move_warmup",
+    "decode_assign_warmup",
 )
 
 
