@@ -62,6 +62,13 @@ On by default for trees since then (4 x H200, results/serve-bench/h200x4-treedef
 the tree-v2 e2e group 18/18 and ``released`` 6/6 with it on. On a chain (the default
 configuration, 3-6 boots per cell) it is x1.34 / 1.15 at concurrency 1 / 4 but x0.92 at 13, 16
 and 48 against stock, where the plugin's own order reads x1.14 / 0.92 / 0.95: it stays off there.
+
+A tree's consecutive prefills since 2026-11-27 (4 x H200, FA3 tree row, 2 boots per side,
+results/serve-bench/h200x4-tree-eager-2026-11-27): before, 4 of 25 / 8 of 24 / 11 of 40
+prefills at concurrency 13 / 16 / 45 were followed by another prefill and their results were
+processed 5.1 / 7.9 / 9.2 ms after their launches on average (stock 0.1), with TTFT p99 x0.37 at
+13 and x0.83 at 45. After, no prefill waits for another's launch (2.6 / 3.8 ms at 16 / 45), TTFT
+p99 is x1.06 / 1.03 at 13 / 45, and e2e ``tree-v2`` is 18/18.
 """
 
 from __future__ import annotations
