@@ -86,7 +86,7 @@ def test_a_pool_without_the_triton_copy_is_left_alone(kernel):
 
 
 class MoveKernels:
-    """Stand in for the two Triton kernels ``move_accepted_tokens_to_target_kvcache`` launches
+    """Stands in for the two Triton kernels ``move_accepted_tokens_to_target_kvcache`` launches
     before the move (``assign_extend_cache_locs``, ``fill_accepted_out_cache_loc``): each launch
     records its compile key, the ``constexpr`` values and the pointer dtypes."""
 
@@ -106,6 +106,16 @@ class MoveKernels:
         return launch
 
 
+class _Indexable:
+    """``kernel[grid](...)`` for a launch function taking the grid."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return self.fn(grid)
+
+
 STEPS, DRAFT_TOKENS = 5, 8  # SGLang's auto-chosen tree for Llama: 5 / 4 / 8
 
 
@@ -117,14 +127,6 @@ def move_kernels(kernel, monkeypatch):
     monkeypatch.setattr(eagle_worker_v2, "assign_extend_cache_locs", _Indexable(kernels.assign))
     monkeypatch.setattr(eagle_worker_v2, "fill_accepted_out_cache_loc", _Indexable(kernels.fill))
     return kernels
-
-
-class _Indexable:
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def __getitem__(self, grid):
-        return self.fn(grid)
 
 
 def _tree_worker():
@@ -202,10 +204,12 @@ def test_init_overlap_warms_the_target_and_draft_pools_of_a_tree_only(kernel, mo
     assert [int(p.data_ptrs[0]) for p in moved] == [1, 0]  # the target's pool, then the draft's
     assert s.future_map is not None and len(set(kernel.keys)) == len(kernel.keys) // 2  # same classes twice
     assert workers == [(s.draft_worker, s.max_running_requests)]  # the move's kernels, up to the largest batch
-    moved.clear(), workers.clear()
+    moved.clear()
+    workers.clear()
     _scheduler(topk=4)  # page size 1: only the accepted path's move, on the target's pool
     assert [int(p.data_ptrs[0]) for p in moved] == [1] and len(workers) == 1
     for topk in (1, None):  # a chain moves no KV; a scheduler without the field is no tree
-        moved.clear(), workers.clear()
+        moved.clear()
+        workers.clear()
         _scheduler(topk=topk)
         assert moved == [] and workers == []

@@ -1,9 +1,10 @@
 """Back-port 25: a spec-v2 tree compiles its decode's req-to-token assignment for every size first.
 
 Upstream: none (beyond upstream); SGLang's spec-v2 decode (``EagleDraftInputV2Mixin.prepare_for_decode``)
-compiles this kernel on first use in 0.5.12 and 0.5.13 alike. Applies to: SGLang 0.5.12 and
-0.5.12.post1. Delete with back-port 11 once users are on a release that compiles these sizes
-at start-up. Depends on back-port 24 (its ``Scheduler.init_overlap`` edit is the anchor).
+compiles this kernel on first use in 0.5.12 and 0.5.13 alike (read in the wheels). Applies to:
+SGLang 0.5.12 and 0.5.12.post1. Delete once users are on a release that compiles these sizes at
+start-up. Depends on back-port 24 (its ``Scheduler.init_overlap`` edit is the anchor) and on
+back-port 11 (trees on spec v2).
 
 Why: every spec-v2 decode batch reserves its KV slots and writes them into the request rows
 with the Triton kernel ``assign_req_to_token_pool``, which takes ``next_power_of_2(bs)`` as a
@@ -11,10 +12,10 @@ with the Triton kernel ``assign_req_to_token_pool``, which takes ``next_power_of
 token allocator hands out slices of its free list at any offset, so each batch size class
 compiles twice, the first time a batch of that class and alignment is built. The build runs
 in ``update_running_batch``, between a prefill's launch and the processing of its result: on
-the serving benchmark's FA3 tree row (2 x H200, results/serve-bench/h200x4-tree-eager-2026-11-27)
-the patched servers compiled it 23 times (2.0 s over 2 servers, about 90 ms each) in their first
-cells, and a prefill of 3 requests at concurrency 4 waited 97 ms for its result to be
-processed. TTFT p99 read x0.26 of stock's there. Stock SGLang runs an explicit tree on spec
+the serving benchmark's FA3 tree row (4 x H200, 2 boots per side,
+results/serve-bench/h200x4-tree-eager-2026-11-27) the patched servers compiled it 23 times
+(2.0 s over 2 servers, about 90 ms each) in their first cells, and a prefill of 3 requests at
+concurrency 4 waited 97 ms for its result to be processed. TTFT p99 read x0.26 of stock's there. Stock SGLang runs an explicit tree on spec
 v1, whose kernels compile inside decode launches (12 compiles, 1.1 s).
 
 How: ``warm_assign_req_to_token_pool`` runs SGLang's ``assign_req_to_token_pool_func`` once
