@@ -34,6 +34,8 @@
 #   --model 8b   --backend triton-pcg   --reps 1 --no-probe           2 Engines  ~6-8 min
 #   --model 8b   --backend triton-pcg   --reps 0 --probe              2 Engines  ~6-8 min
 #   --model tiny --backend flashinfer   --reps 1                      4 Engines  ? (first try)
+#   --model 8b   --backend default --batch-sizes 16,24 --cuda-graph-max-bs 8 --pcg-max-tokens 128 --reps 2 --no-probe --pin-cpus
+#                                                                      4 Engines  ~8 min on H200 (eager decode: every batch above the graphs)
 #
 # SGLang's default configuration on H100/H200 (backend default = none given: FA3 + PCG; its PCG
 # capture limit is 512 tokens, so an 8b Engine starts in ~2-2.5 min, ~3-3.5 min with its work).
