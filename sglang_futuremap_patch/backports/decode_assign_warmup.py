@@ -15,8 +15,9 @@ in ``update_running_batch``, between a prefill's launch and the processing of it
 the serving benchmark's FA3 tree row (4 x H200, 2 boots per side,
 results/serve-bench/h200x4-tree-eager-2026-11-27) the patched servers compiled it 23 times
 (2.0 s over 2 servers, about 90 ms each) in their first cells, and a prefill of 3 requests at
-concurrency 4 waited 97 ms for its result to be processed. TTFT p99 read x0.26 of stock's there. Stock SGLang runs an explicit tree on spec
-v1, whose kernels compile inside decode launches (12 compiles, 1.1 s).
+concurrency 4 waited 97 ms for its result to be processed. TTFT p99 read x0.26 of stock's
+there. Stock SGLang runs an explicit tree on spec v1, whose kernels compile inside decode
+launches (12 compiles, 1.1 s).
 
 How: ``warm_assign_req_to_token_pool`` runs SGLang's ``assign_req_to_token_pool_func`` once
 for each batch size class up to ``max_running_requests`` and each alignment of the slot

@@ -20,7 +20,7 @@ output tok/s x0.81 at 32 (results/serve-bench/h200-eager-tree-2026-11-27). Stock
 an explicit tree on spec v1, which never moves KV. The move first finds its rows with two
 more Triton kernels, ``assign_extend_cache_locs`` (``next_power_of_2(bs)``) and
 ``fill_accepted_out_cache_loc`` (``next_power_of_2(bs * (steps + 1))``), and those compiled 14
-times (1.8 s over 2 servers) in the first cells of each server in the same record, where the
+times each (1.8 s over 2 servers) in the first cells of each server in the same record, where the
 tree's TTFT p99 read x0.25 / 0.68 at concurrency 4 / 8 after the move itself was warmed.
 
 How: ``warm_move_kv_cache`` moves the pool's padding slot 0 onto itself (what SGLang's own
@@ -28,8 +28,9 @@ warm-up moves) once for each size class the kernel can meet: for every power of 
 the pool's chunk size the smallest row count it bounds, and from 16 on the power itself (the
 one count of its class that is a multiple of 16). ``Scheduler.init_overlap`` calls it for
 the target's KV pool (and, with a page size above 1, for the draft model's, which back-port 12
-moves with the same kernel; with page size 1 nothing moves the draft's KV) when the draft is a tree (``speculative_eagle_topk > 1``) on the
-overlap scheduler, the only way a tree reaches the spec-v2 worker. Before that it calls
+moves with the same kernel; with page size 1 nothing moves the draft's KV) when the draft is
+a tree (``speculative_eagle_topk > 1``) on the overlap scheduler, the only way a tree reaches
+the spec-v2 worker. Before that it calls
 ``warm_accepted_kv_move``: the worker's own move, once for each pair of the two kernels'
 classes up to ``max_running_requests``, on requests whose spans are empty (nothing is copied
 but the padding slot onto itself). The kernels, their arguments and every move while serving
