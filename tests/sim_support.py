@@ -476,12 +476,13 @@ class PagedSlots:
         return out
 
 
-def spec_v2_decode_batch(page_size: int, monkeypatch, device=None):
+def spec_v2_decode_batch(page_size: int, monkeypatch, device=None, taken: int = 0):
     """A spec-v2 decode batch of three requests, as the running batch holds them after their
     prefill (KV allocated for the prompt by SGLang's ``alloc_for_extend``, lengths committed).
     Returns the batch and the paged-slot recorder (page size > 1). ``device``: the
     ``torch.device`` the batch and the pools live on (default the CPU; a test that tells
-    uploads from host tensors passes its own ``torch.device`` object)."""
+    uploads from host tensors passes its own ``torch.device`` object). ``taken``: slots the
+    token allocator hands out before the prefill, so its free list then starts that far on."""
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.mem_cache import common
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -496,6 +497,8 @@ def spec_v2_decode_batch(page_size: int, monkeypatch, device=None):
     pool, allocator, tree_cache = make_pools(4, 96, kv_tokens=2048)
     tree_cache.page_size = allocator.page_size = page_size
     pool.device = device
+    if taken:
+        allocator.alloc(taken)
     reqs = []
     for i, n in enumerate((5, 9, 17)):
         params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)

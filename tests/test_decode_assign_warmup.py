@@ -92,9 +92,11 @@ def test_a_served_decode_compiles_nothing_the_warm_up_did_not(kernel, monkeypatc
 
 def test_init_overlap_warms_it_for_a_tree_only(kernel, monkeypatch):
     from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
-    from sglang.srt.mem_cache import memory_pool
+    from sglang.srt.mem_cache import common, memory_pool
     from sglang.srt.speculative import eagle_worker_v2, spec_utils
 
+    # A later back-port's warm-up in the same init_overlap launches another GPU kernel.
+    monkeypatch.setattr(common, "warm_write_cache_indices", lambda pool: [], raising=False)
     calls = []
     monkeypatch.setattr(spec_utils, "warm_assign_req_to_token_pool",
                         lambda req_to_token, max_bs: calls.append((req_to_token, max_bs)))

@@ -34,6 +34,7 @@ SERIES: tuple[str, ...] = (
     "flashinfer_host_indptr",
     "tree_kv_move_warmup",
     "decode_assign_warmup",
+    "prefill_write_warmup",
 )
 
 
