@@ -1108,6 +1108,90 @@ def poll_wait_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def wave_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per cell of each run with a timeline: how the scheduler split each returning wave of
+    measured requests into prefills. A wave is a run of prefill launches (``run`` events with
+    ``rids``) holding measured requests with no decode launch between them. Per wave: the
+    prefills' sizes, the first launch's length (ms), the API server's receipt of the wave's first
+    request -> the scheduler's receipt of the second prefill's first request (``second_poll_ms``:
+    the poll that closed the second group; None for a wave of one prefill) and the wave's TTFT
+    p50 (ms, the API server's receipt -> its first output). Rows: concurrency, variant, boot,
+    waves."""
+    rows = []
+    for run, events, cells in split_cells(record, by_run):
+        api = {e["rid"]: e for e in events if e["kind"] == "api" and e.get("first") is not None}
+        got = {e["rid"]: e["t"] for e in events if e["kind"] == "recv"}
+        launches = [e for e in events if e["kind"] == "run"]
+        for c, _, measured in cells:
+            rids = {e["rid"] for e in measured}
+            waves, cur = [], []
+            for e in launches:
+                if e["extend"] and rids.intersection(e.get("rids") or ()):
+                    cur.append(e)
+                elif not e["extend"] and cur:
+                    waves.append(cur)
+                    cur = []
+            if cur:
+                waves.append(cur)
+            out = []
+            for w in waves:
+                ids = [r for e in w for r in e["rids"] if r in api and r in rids]
+                if not ids:
+                    continue
+                first_in = min(api[r]["received"] for r in ids)
+                second = w[1]["rids"][0] if len(w) > 1 and w[1]["rids"] else None
+                out.append({"sizes": [e["bs"] for e in w],
+                            "first_launch_ms": round((w[0]["t1"] - w[0]["t"]) * 1e3, 2),
+                            "second_poll_ms": round((got[second] - first_in) * 1e3, 2) if second in got else None,
+                            "ttft_p50_ms": round(statistics.median(
+                                (api[r]["first"] - api[r]["received"]) * 1e3 for r in ids), 1)})
+            if out:
+                rows.append({"concurrency": int(c), "variant": run["variant"], "boot": run["boot"], "waves": out})
+    return rows
+
+
+def wave_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency and variant, every boot pooled, over the waves that began with one request
+    prefilled alone and went on in more prefills (a returning wave: its first request finds the
+    scheduler idle): how many there were of all waves, the share whose rest went in one prefill,
+    the means of the solo launch, of the poll that closed the second group and of that group's
+    size, and the mean TTFT p50 of those waves and of every wave."""
+    pooled: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        pooled.setdefault((r["concurrency"], r["variant"]), []).extend(r["waves"])
+    out = []
+    for (c, v), waves in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0])):
+        solo = [w for w in waves if w["sizes"][0] == 1 and len(w["sizes"]) > 1 and w["second_poll_ms"] is not None]
+        mean = lambda key, ws: round(statistics.mean(w[key] for w in ws), 2) if ws else None  # noqa: E731
+        out.append({"concurrency": c, "variant": v, "waves": len(waves), "solo_first": len(solo),
+                    "rest_in_one": round(sum(len(w["sizes"]) == 2 for w in solo) / len(solo), 3) if solo else None,
+                    "solo_launch_ms": mean("first_launch_ms", solo),
+                    "second_poll_ms": mean("second_poll_ms", solo),
+                    "second_size": round(statistics.mean(w["sizes"][1] for w in solo), 2) if solo else None,
+                    "solo_first_ttft_p50_ms": mean("ttft_p50_ms", solo),
+                    "ttft_p50_ms": mean("ttft_p50_ms", waves)})
+    return out
+
+
+def wave_table(rows: list[dict[str, Any]]) -> str:
+    """Per concurrency, stock first."""
+    lines = ["How the scheduler split each returning wave of requests into prefills (`--waves`; a wave: prefill "
+             "launches with no decode between them). Waves that open with one request prefilled alone: how many, "
+             "the share whose rest went in one prefill, the solo launch, the API server's receipt of the wave's "
+             "first request -> the poll that closed the second prefill, that prefill's size, their TTFT p50 (mean "
+             "over waves); last, the TTFT p50 of every wave. Every boot pooled; ms.", "",
+             "| conc | variant | waves | opened solo | rest in one prefill | solo launch | first receipt -> "
+             "second poll | second prefill (requests) | TTFT p50 of those | TTFT p50, every wave |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        share = "-" if r["rest_in_one"] is None else f"{r['rest_in_one']:.0%}"
+        size = "-" if r["second_size"] is None else f"{r['second_size']:.1f}"
+        lines.append(f"| {r['concurrency']} | {r['variant']} | {r['waves']} | {r['solo_first']} | {share} | "
+                     f"{_cell(r['solo_launch_ms'])} | {_cell(r['second_poll_ms'])} | {size} | "
+                     f"{_cell(r['solo_first_ttft_p50_ms'])} | {_cell(r['ttft_p50_ms'])} |")
+    return "\n".join(lines)
+
+
 #: Tokens whose arrival ``--token-times`` reports besides the first, the first decode output and the last.
 TOKEN_MARKS = (64,)
 
@@ -1232,6 +1316,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-wait", action="store_true",
                    help="instead: how long each request waited for the scheduler's poll, by what the scheduler "
                         "thread was doing when the API server sent it")
+    p.add_argument("--waves", action="store_true",
+                   help="instead: how the scheduler split each returning wave of requests into prefills: the "
+                        "solo prefill that opens it, the poll that closes the second group, its size, TTFT")
     p.add_argument("--plot", type=Path, help="with --host-speed: also write an SVG of the cells and the fits there")
     p.add_argument("--variant", default="patched",
                    help="with --strata or --host-speed: the variant set beside stock (default patched; e.g. "
@@ -1244,9 +1331,9 @@ def main(argv: list[str] | None = None) -> int:
         print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
         return 2
     if (args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed + args.intake
-            + args.token_times + args.poll_wait + args.functions + args.ftimes > 1):
+            + args.token_times + args.poll_wait + args.functions + args.ftimes + args.waves > 1):
         print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --functions, --ftimes, "
-              "--host-speed, --intake, --token-times, --poll-wait",
+              "--host-speed, --intake, --token-times, --poll-wait, --waves",
               file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
@@ -1294,6 +1381,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for _, record, by_run in pairs for row in stall_rows(record, by_run)]
     elif args.intake:
         rows = [row for _, record, by_run in pairs for row in intake_rows(record, by_run)]
+    elif args.waves:
+        rows = wave_summary([row for _, record, by_run in pairs for row in wave_rows(record, by_run)])
     elif args.poll_wait:
         rows = poll_wait_summary([row for _, record, by_run in pairs for row in poll_wait_rows(record, by_run)])
     elif args.strata:
@@ -1318,6 +1407,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.intake:
         print(json.dumps({"intake": rows}, indent=1) if args.json else intake_table(rows))
+        return 0
+    if args.waves:
+        print(json.dumps({"waves": rows}, indent=1) if args.json else wave_table(rows))
         return 0
     if args.poll_wait:
         print(json.dumps({"poll_wait": rows}, indent=1) if args.json else poll_wait_table(rows))

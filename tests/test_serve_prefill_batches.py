@@ -720,6 +720,64 @@ def test_poll_wait_splits_each_requests_wait_by_the_schedulers_state_when_it_was
     assert spb.main(["--poll-wait", "--intake", str(path), str(logs)]) == 2
 
 
+def _wave_server(solo_ms: float, groups: list[list[str]]) -> list[dict]:
+    """One server, times in ms: a health check, a warm-up request prefilled alone, then two
+    returning waves of four measured requests. Wave A's first request finds the scheduler idle
+    and is prefilled alone for ``solo_ms``; the rest arrive 3, 5 and 7 ms after it and go in
+    ``groups``, each received by the poll after the launch before it. Wave B goes in one prefill.
+    Every request's first output comes 10 ms after its prefill's launch ends."""
+    D, P = "DECODE", "EXTEND"
+    ev = [{"kind": "recv", "t": _ms(0), "rid": "health"}, {"kind": "recv", "t": _ms(10), "rid": "warm"},
+          dict(_run(11, 20, P, 1), rids=["warm"]), _run(21, 30, D, 1)]
+
+    def prefill(t: float, length: float, rids: list[str], sent: dict[str, float]) -> float:
+        ev.append({"kind": "recv", "t": _ms(t - 1), "rid": rids[0]})
+        ev.extend({"kind": "recv", "t": _ms(t - 1), "rid": r} for r in rids[1:])
+        ev.append(dict(_run(t, t + length, P, len(rids)), rids=rids))
+        ev.extend({"kind": "api", "t": _ms(sent[r]), "rid": r, "received": _ms(sent[r]),
+                   "first": _ms(t + length + 10)} for r in rids)
+        return t + length + 1
+
+    sent = {"m0": 100, "m1": 103, "m2": 105, "m3": 107}
+    t = prefill(102, solo_ms, ["m0"], sent)
+    for group in groups:
+        t = prefill(t + 1, 20, group, sent)
+    ev.append(_run(t + 1, t + 10, D, 4))
+    sent = {f"m{i}": 300 + i for i in range(4, 8)}
+    t = prefill(310, 30, ["m4", "m5", "m6", "m7"], sent)
+    ev.append(_run(t + 1, t + 10, D, 4))
+    return sorted(ev, key=lambda e: e["t"])
+
+
+def test_waves_show_how_each_returning_wave_was_split_into_prefills(tmp_path: Path, capsys) -> None:
+    rec = {"environment": {"config": {"concurrency": [4], "rounds": 2, "min_prompts": 0, "warmup": "one"}},
+           "runs": [{"variant": "stock", "boot": 0, "cells": {"4": {"median_ttft_ms": 30.0}}},
+                    {"variant": "patched", "boot": 1, "cells": {"4": {"median_ttft_ms": 40.0}}}]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(rec))
+    logs = _tar(tmp_path / "l.tar.gz", {
+        "timeline/stock-boot0/timeline-1.json": {"events": _wave_server(15, [["m1", "m2"], ["m3"]])},
+        "timeline/patched-boot1/timeline-2.json": {"events": _wave_server(20, [["m1", "m2", "m3"]])}})
+    (stock_row,) = [r for r in spb.wave_rows(rec, spb.timelines(logs)) if r["variant"] == "stock"]
+    assert [w["sizes"] for w in stock_row["waves"]] == [[1, 2, 1], [4]]  # the warm-up's prefill is not a wave
+    # m0 received at 100; the solo launch ends at 117, the poll that takes m1 and m2 comes at 118
+    assert stock_row["waves"][0]["second_poll_ms"] == pytest.approx(18.0)
+    assert stock_row["waves"][1]["second_poll_ms"] is None
+    assert spb.main(["--waves", "--json", str(path), str(logs)]) == 0
+    stock, patched = json.loads(capsys.readouterr().out)["waves"]
+    assert (stock["variant"], patched["variant"]) == ("stock", "patched")  # stock first
+    assert (stock["waves"], stock["solo_first"], patched["solo_first"]) == (2, 1, 1)
+    assert (stock["rest_in_one"], patched["rest_in_one"]) == (0.0, 1.0)
+    assert (stock["solo_launch_ms"], patched["solo_launch_ms"]) == (pytest.approx(15), pytest.approx(20))
+    assert patched["second_poll_ms"] == pytest.approx(23.0) and patched["second_size"] == 3
+    # wave A's TTFT p50: stock m0 27, m1 / m2 46 / 44 (first output at 149), m3 64 -> 45.0
+    assert stock["solo_first_ttft_p50_ms"] == pytest.approx(45.0)
+    assert stock["ttft_p50_ms"] == pytest.approx((45.0 + 44.5) / 2)  # wave B: 350 - 304..307
+    assert spb.main(["--waves", str(path), str(logs)]) == 0
+    assert "| 4 | stock | 2 | 1 | 0% | 15.00 | 18.00 | 2.0 | 45.00 | 44.75 |" in capsys.readouterr().out
+    assert spb.main(["--waves", "--intake", str(path), str(logs)]) == 2
+
+
 def test_functions_count_every_function_on_a_samples_stack_and_match_edited_frames_to_sglangs(
         tmp_path: Path, capsys) -> None:
     """A plugin-edited function (its code object named after the edit) counts under SGLang's own
