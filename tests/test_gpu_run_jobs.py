@@ -93,3 +93,21 @@ def test_help_and_no_arguments(tmp_path: Path) -> None:
     assert helped.returncode == 0 and "NAME|GPUS|COMMAND" in helped.stdout
     bare = _run(tmp_path)
     assert bare.returncode == 2 and "NAME|GPUS|COMMAND" in bare.stdout
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "scripts" / "gpu").glob("*.sh") if p.name != "common.sh"))
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_every_gpu_entry_point_answers_help_and_does_nothing_else(tmp_path: Path, name: str, flag: str) -> None:
+    """``--help`` prints the script's header and exits 0 before any setup: no install, no result
+    folder, no model built (``run_e2e.sh --help`` used to run the whole suite)."""
+    script = ROOT / "scripts" / "gpu" / name
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    for tool in ("pip", "python3", "nvidia-smi"):  # anything past the guard would call one of these
+        (tmp_path / tool).write_text(f"#!/bin/sh\necho {tool} ran >> {tmp_path / 'ran'}\nexit 1\n")
+        (tmp_path / tool).chmod(0o755)
+    res = subprocess.run(["bash", str(script), flag], capture_output=True, text=True, env=env, timeout=60,
+                         cwd=tmp_path)
+    header = script.read_text().splitlines()[1].lstrip("# ").strip()
+    assert res.returncode == 0 and res.stdout.splitlines()[0].strip() == header
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
+    assert not (tmp_path / "gpu-out").exists()
