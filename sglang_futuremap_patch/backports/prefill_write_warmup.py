@@ -24,7 +24,9 @@ empty prefix and an empty extend (row 0, prefix = sequence = 0): the kernel stor
 The dtypes are those ``alloc_for_extend`` passes (int64 lengths, slots and request rows).
 ``Scheduler.init_overlap`` calls it for a tree (``speculative_eagle_topk > 1``), after back-port
 25's warm-up. Chains are compared with stock spec v2, which compiles it the same way, and are
-left as they are.
+left as they are. On the GPU (2 x H100, a fresh machine with an empty Triton cache, the tree
+at 16 and 4, 2 boots per side; same record) no patched server compiled it while serving, and
+the outputs were identical to stock's.
 """
 
 from __future__ import annotations
