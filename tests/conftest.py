@@ -130,6 +130,26 @@ def spec_future_map(clean_state):
     sa._global_server_args = previous
 
 
+@pytest.fixture
+def server_args():
+    """Sets SGLang's global server arguments: ``server_args(**overrides)`` puts a real
+    ``ServerArgs`` for EAGLE3 (``sim_support.make_server_args``) with ``overrides`` in place; the
+    previous ones are put back afterwards."""
+    from sglang.srt import server_args as sa
+    from sim_support import make_server_args
+
+    previous = sa._global_server_args
+
+    def use(**overrides):
+        args = make_server_args("EAGLE3")
+        for k, v in overrides.items():
+            setattr(args, k, v)
+        sa.set_global_server_args_for_scheduler(args)
+
+    yield use
+    sa._global_server_args = previous
+
+
 def relay_batch(slots):
     """A spec-v2 schedule batch as the relay sees it: requests in pool ``slots``, its future
     indices, no lengths yet."""

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import activate_backport, overlap_init_scheduler
-from sim_support import make_server_args, spec_v2_decode_batch
+from sim_support import spec_v2_decode_batch
 
 
 class AssignKernel:
@@ -46,16 +46,6 @@ def kernel(clean_state, monkeypatch):
     return recorder
 
 
-@pytest.fixture
-def server_args():
-    from sglang.srt import server_args as sa
-
-    previous = sa._global_server_args
-    sa.set_global_server_args_for_scheduler(make_server_args("EAGLE3"))
-    yield
-    sa._global_server_args = previous
-
-
 def test_the_warm_up_covers_every_batch_size_class_and_alignment(kernel):
     from sglang.srt.speculative.spec_utils import warm_assign_req_to_token_pool
 
@@ -75,6 +65,7 @@ def test_a_served_decode_compiles_nothing_the_warm_up_did_not(kernel, monkeypatc
     slot tensor at either alignment (the allocator hands out its free list at any offset)."""
     from sglang.srt.speculative.spec_utils import warm_assign_req_to_token_pool
 
+    server_args()
     served = set()
     for offset in (0, 1):
         batch, _ = spec_v2_decode_batch(page_size, monkeypatch)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import activate_backport, overlap_init_scheduler
-from sim_support import make_pools, make_server_args, spec_v2_decode_batch
+from sim_support import make_pools, spec_v2_decode_batch
 
 
 class WriteKernel:
@@ -48,22 +48,10 @@ def kernel(clean_state, monkeypatch):
     return recorder
 
 
-@pytest.fixture
-def server_args():
-    """A backend that takes the Triton write (SGLang's default for every GPU backend)."""
-    from sglang.srt import server_args as sa
-
-    previous = sa._global_server_args
-    args = make_server_args("EAGLE3")
-    args.attention_backend = "triton"
-    sa.set_global_server_args_for_scheduler(args)
-    yield
-    sa._global_server_args = previous
-
-
 def test_the_warm_up_runs_both_alignments_and_writes_nothing(kernel, server_args):
     from sglang.srt.mem_cache.common import warm_write_cache_indices
 
+    server_args(attention_backend="triton")  # the Triton write, as on every GPU backend
     pool, _, _ = make_pools(4, 96, kv_tokens=64)
     before = pool.req_to_token.clone()
     assert warm_write_cache_indices(pool) == [True, False]
@@ -79,6 +67,7 @@ def test_a_served_prefill_compiles_nothing_the_warm_up_did_not(kernel, monkeypat
     of the allocator's free list its slots start at (page size 1: a slice of that list)."""
     from sglang.srt.mem_cache.common import warm_write_cache_indices
 
+    server_args(attention_backend="triton")
     served = set()
     for taken in (0, 1):
         kernel.keys.clear()

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import activate_backport
-from sim_support import make_pools, make_server_args, spec_v2_decode_batch
+from sim_support import make_pools, spec_v2_decode_batch
 
 
 class _Stop(Exception):
@@ -175,22 +175,6 @@ class UploadProbe:
             yield self
         finally:
             self.armed = False
-
-
-@pytest.fixture
-def server_args():
-    from sglang.srt import server_args as sa
-
-    previous = sa._global_server_args
-
-    def use(**overrides):
-        args = make_server_args("EAGLE3")
-        for k, v in overrides.items():
-            setattr(args, k, v)
-        sa.set_global_server_args_for_scheduler(args)
-
-    yield use
-    sa._global_server_args = previous
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
