@@ -1,5 +1,19 @@
 # Shared by the scripts/gpu/run_*.sh entry points; sourced, not run.
 
+# gpu_usage SCRIPT: print SCRIPT's header comment (line 2 up to its `set -uo` line) as its usage.
+gpu_usage() {
+    sed -n '2,/^set -uo/p' "$1" | sed '$d' | sed 's/^# \{0,1\}//'
+}
+
+# gpu_usage_if_asked "$@": with --help or -h first, print the calling script's usage and exit 0,
+# before any setup (no install, no result folder).
+gpu_usage_if_asked() {
+    if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+        gpu_usage "${BASH_SOURCE[1]}"
+        exit 0
+    fi
+}
+
 # gpu_enter_repo: ROOT = this checkout, OUT = ${OUT:-./gpu-out} made absolute (relative to the
 # caller's directory), then cd to ROOT.
 gpu_enter_repo() {

@@ -125,14 +125,10 @@
 #   BENCH_SKIP_INSTALL  1: do not pip-install the plugin
 set -uo pipefail
 
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
-    sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
-    exit 0
-fi
-
 START=$(date +%s)
 # shellcheck disable=SC1091
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_usage_if_asked "$@"
 gpu_enter_repo
 
 # Tag from --model/--backend values (first of each), a --prompt-len other than 64, every --spec

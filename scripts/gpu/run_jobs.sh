@@ -23,14 +23,13 @@
 # Exit status: the largest of the jobs' (2 when an argument is malformed or the setup fails).
 set -uo pipefail
 
-if [ $# -eq 0 ] || [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
-    sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
-    [ $# -eq 0 ] && exit 2
-    exit 0
-fi
-
 # shellcheck disable=SC1091
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_usage_if_asked "$@"
+if [ $# -eq 0 ]; then
+    gpu_usage "${BASH_SOURCE[0]}"
+    exit 2
+fi
 
 names=()
 for job in "$@"; do

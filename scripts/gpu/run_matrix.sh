@@ -36,14 +36,10 @@
 # (an Engine did not start or did not finish) shows as SMOKE ERROR with the end of its log.
 set -uo pipefail
 
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
-    sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
-    exit 0
-fi
-
 START=$(date +%s)
 # shellcheck disable=SC1091
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_usage_if_asked "$@"
 gpu_enter_repo
 MATRIX="$OUT/matrix.txt"
 : > "$MATRIX"

@@ -41,13 +41,9 @@
 #   python3 scripts/gpu_serve_bench.py --merge a/serve-bench.json b/serve-bench.json > results/serve-bench/README.md
 set -uo pipefail
 
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
-    sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
-    exit 0
-fi
-
 # shellcheck disable=SC1091
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_usage_if_asked "$@"
 gpu_enter_repo
 
 gpu_use_bundle "${SERVE_SITE:-/tmp/site312}"

@@ -21,13 +21,9 @@
 # run to the end), else the self-test's. setup.log and summary.txt say whether FA3 was there.
 set -uo pipefail
 
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
-    sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
-    exit 0
-fi
-
 # shellcheck disable=SC1091
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_usage_if_asked "$@"
 gpu_enter_repo
 SETUP="$OUT/setup.log"
 : > "$SETUP"

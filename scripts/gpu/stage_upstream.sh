@@ -16,10 +16,9 @@
 # sent along or holds no SGLang after unpacking.
 set -uo pipefail
 
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
-    sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
-    exit 0
-fi
+# shellcheck disable=SC1091
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+gpu_usage_if_asked "$@"
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 # In two halves, when the working tree plus the 48 MB bundle exceed one call's 64 MiB:
