@@ -164,6 +164,22 @@ def relay_batch(slots):
         seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None)
 
 
+#: The start-up warm-ups that back-ports 24-26 add to ``Scheduler.init_overlap`` for a tree, as
+#: (module, function); each launches GPU kernels.
+TREE_WARMUPS = (("sglang.srt.mem_cache.memory_pool", "warm_move_kv_cache"),
+                ("sglang.srt.speculative.eagle_worker_v2", "warm_accepted_kv_move"),
+                ("sglang.srt.speculative.spec_utils", "warm_assign_req_to_token_pool"),
+                ("sglang.srt.mem_cache.common", "warm_write_cache_indices"))
+
+
+def quiet_tree_warmups(monkeypatch) -> None:
+    """Replace every tree warm-up of ``init_overlap`` (``TREE_WARMUPS``) with a no-op, so that a
+    test of one of them on CPU can set its own recorder for it and run ``init_overlap``. A
+    prefix of the series lacks the later ones: those are skipped."""
+    for module, name in TREE_WARMUPS:
+        monkeypatch.setattr(importlib.import_module(module), name, lambda *a: [], raising=False)
+
+
 def overlap_init_scheduler(backend, *, target_graph=None, draft_runner=None, draft_graph=None,
                            algorithm="EAGLE", **server_args):
     """A ``Scheduler`` without ``__init__``, ready for the real (patched) ``init_overlap`` on

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import activate_backport, overlap_init_scheduler
+from conftest import activate_backport, overlap_init_scheduler, quiet_tree_warmups
 from sim_support import make_pools, spec_v2_decode_batch
 
 
@@ -82,14 +82,11 @@ def test_a_served_prefill_compiles_nothing_the_warm_up_did_not(kernel, monkeypat
 
 def test_init_overlap_warms_it_for_a_tree_only(kernel, monkeypatch):
     from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
-    from sglang.srt.mem_cache import common, memory_pool
-    from sglang.srt.speculative import eagle_worker_v2, spec_utils
+    from sglang.srt.mem_cache import common
 
+    quiet_tree_warmups(monkeypatch)
     calls = []
     monkeypatch.setattr(common, "warm_write_cache_indices", calls.append)
-    monkeypatch.setattr(spec_utils, "warm_assign_req_to_token_pool", lambda req_to_token, max_bs: [])
-    monkeypatch.setattr(memory_pool, "warm_move_kv_cache", lambda pool: [])
-    monkeypatch.setattr(eagle_worker_v2, "warm_accepted_kv_move", lambda worker, max_bs: [])
     fa3 = object.__new__(FlashAttentionBackend)
     fa3.num_splits = 0
     for topk, warmed in ((4, True), (1, False), (None, False)):

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import activate_backport, overlap_init_scheduler
+from conftest import activate_backport, overlap_init_scheduler, quiet_tree_warmups
 
 CHUNK = 128  # the pool's num_locs_upper for an 8B-shaped target (512-byte tiles)
 
@@ -190,14 +190,12 @@ def _scheduler(topk, page_size: int = 1):
 
 
 def test_init_overlap_warms_the_target_and_draft_pools_of_a_tree_only(kernel, monkeypatch):
-    from sglang.srt.mem_cache import common, memory_pool
-    from sglang.srt.speculative import eagle_worker_v2, spec_utils
+    from sglang.srt.mem_cache import memory_pool
+    from sglang.srt.speculative import eagle_worker_v2
 
-    # Later back-ports' warm-ups in the same init_overlap launch other GPU kernels.
-    monkeypatch.setattr(spec_utils, "warm_assign_req_to_token_pool", lambda *a: [], raising=False)
-    monkeypatch.setattr(common, "warm_write_cache_indices", lambda *a: [], raising=False)
     moved, workers = [], []
     real = memory_pool.warm_move_kv_cache
+    quiet_tree_warmups(monkeypatch)
     monkeypatch.setattr(memory_pool, "warm_move_kv_cache", lambda pool: moved.append(pool) or real(pool))
     monkeypatch.setattr(eagle_worker_v2, "warm_accepted_kv_move",
                         lambda worker, max_bs: workers.append((worker, max_bs)))
