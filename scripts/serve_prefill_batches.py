@@ -42,6 +42,12 @@ that index with a common slope and each side's own intercept: both sides' TTFT a
 host speed (``host_speed_fits``). On the GPU machines (2026-11-26) that speed moved by 1.5-2x
 within a boot, on both sides, and host-bound cells' TTFT followed it.
 
+``--host-states`` prints instead each server's host states: the fast level of its one-request
+prefill launches' CPU time and the share of them that ran ``SLOW_FACTOR`` times slower, pooled
+per side (does one side run slow more often?), and per concurrency the API TTFT p50 of requests
+prefilled alone, all of them and split by the state their prefill ran in: both sides at equal
+host state, request by request, where ``--host-speed`` fits whole cells (``host_state_rows``).
+
 ``--token-times`` prints instead, per concurrency, when each request's tokens reached the client
 (``bench_serving``'s own per-request TTFT and inter-token latencies, from the ``bench/`` files of
 the logs; no timeline needed): the first token, the first decode output after it, token 64 and
@@ -79,7 +85,7 @@ import statistics
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -269,6 +275,20 @@ def _side_order(concurrency: int, variant: str) -> tuple[int, bool, str]:
     return concurrency, variant != "stock", variant
 
 
+def _compile_check(events: list[dict[str, Any]]) -> Callable[[dict[str, Any]], bool]:
+    """Whether a ``run`` of one server's timeline (``events``) compiled (or first loaded) a Triton
+    kernel: a ``compile`` event inside it, or a ``COMPILING`` frame in a stack sample taken
+    during it. Such a launch takes up to hundreds of ms more, on either side."""
+    samples = [e for e in events if e["kind"] == "sample"]
+    compiles = [e for e in events if e["kind"] == "compile"]
+    sample_t, compile_t = [e["t"] for e in samples], [e["t"] for e in compiles]
+
+    def compiled(run: dict[str, Any]) -> bool:
+        return bool(_within(compiles, compile_t, run["t"], run["t1"])) or any(
+            COMPILING.match(f) for e in _within(samples, sample_t, run["t"], run["t1"]) for f in e["stack"])
+    return compiled
+
+
 def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict[str, Any]:
     """Per launch of one server's timeline that starts in [t_lo, t_hi), what the ``--launches``
     figures are made of (seconds).
@@ -298,17 +318,13 @@ def launch_parts(events: list[dict[str, Any]], t_lo: float, t_hi: float) -> dict
     runs = [e for e in events if e["kind"] == "run"]
     procs = [e for e in events if e["kind"] == "proc"]
     syncs = [e for e in events if e["kind"] == "sync"]
-    samples = [e for e in events if e["kind"] == "sample"]
-    compiles = [e for e in events if e["kind"] == "compile"]
-    sync_t, sample_t, compile_t = [e["t"] for e in syncs], [e["t"] for e in samples], [e["t"] for e in compiles]
+    sync_t = [e["t"] for e in syncs]
     result = _results(runs, procs)
 
     def waits(t0: float, t1: float) -> dict[str, float]:
         return serve.sched_timeline.add_waits({}, _within(syncs, sync_t, t0, t1))
 
-    def compiled(run: dict[str, Any]) -> bool:
-        return bool(_within(compiles, compile_t, run["t"], run["t1"])) or any(
-            COMPILING.match(f) for e in _within(samples, sample_t, run["t"], run["t1"]) for f in e["stack"])
+    compiled = _compile_check(events)
 
     out: dict[str, Any] = {"steady": [], "first": [], "prefill": [], "to_result": [],
                            "compiled": {"first": 0, "prefill": 0}}
@@ -960,6 +976,115 @@ def host_speed_svg(rows: list[dict[str, Any]], fits: list[dict[str, Any]], title
     return "\n".join(out + ["</svg>"]) + "\n"
 
 
+# ----------------------------------------------------------------------------- --host-states
+
+
+#: A one-request prefill launch ran in its server's slow host state when its scheduler-thread CPU
+#: time is over this many times the server's fast level (the median of its ``FAST_LAUNCHES``
+#: quickest: a server may spend most of a boot in the slow state): on the GPU machines a
+#: server's host speed moved in steps of 1.5-2x within a boot, each server on its own
+#: (2026-11-27), so the two states lie well apart.
+SLOW_FACTOR = 1.3
+FAST_LAUNCHES = 3
+
+
+def host_state_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[str, Any]]]]]
+                    ) -> dict[str, list[dict[str, Any]]]:
+    """The host state of every server run with ``cpu_ms`` timelines in ``pairs`` (label, record,
+    timelines). ``servers``: one row per run (record label, variant, boot): its one-request
+    prefill launches that compiled nothing (warm-ups included), their fast level (the median CPU
+    time of the ``FAST_LAUNCHES`` quickest, ms) and the share of them over ``SLOW_FACTOR`` times it.
+    ``requests``: one row per measured request launched in such a prefill, with the API server's
+    timestamps: concurrency, variant, whether its prefill ran slow, its API TTFT (received ->
+    first output, ms). A one-request prefill is the same SGLang model code on both sides (the
+    plugin adds its stash and publish), so its CPU time tells the host's speed, and requests
+    in the same state compare the code at equal host speed."""
+    servers, requests = [], []
+    for label, record, by_run in pairs:
+        for run, events, cells in split_cells(record, by_run):
+            compiled = _compile_check(events)
+            solo = {}
+            for e in events:
+                if (e["kind"] == "run" and e["extend"] and e["bs"] == 1 and e.get("cpu_ms") is not None
+                        and e.get("rids") and not compiled(e)):
+                    solo.setdefault(e["rids"][0], e)
+            if not solo:
+                continue
+            cpu = [e["cpu_ms"] for e in solo.values()]
+            fast = statistics.median(sorted(cpu)[:FAST_LAUNCHES])
+            servers.append({"record": label, "variant": run["variant"], "boot": run["boot"], "launches": len(cpu),
+                            "fast_ms": round(fast, 2),
+                            "slow_share": round(sum(x > SLOW_FACTOR * fast for x in cpu) / len(cpu), 3)})
+            api = {e["rid"]: e for e in events if e["kind"] == "api"}
+            for c, _, arrivals in cells:
+                for e in arrivals:
+                    rid = e["rid"]
+                    if rid in solo and rid in api and api[rid].get("first") is not None:
+                        requests.append({"concurrency": int(c), "variant": run["variant"],
+                                         "slow": solo[rid]["cpu_ms"] > SLOW_FACTOR * fast,
+                                         "ttft_ms": (api[rid]["first"] - api[rid]["received"]) * 1e3})
+    return {"servers": servers, "requests": requests}
+
+
+def host_state_summary(rows: dict[str, list[dict[str, Any]]], variant: str = "patched") -> dict[str, list[dict[str, Any]]]:
+    """``rows`` (``host_state_rows``) pooled. ``variants``: per variant, its servers, the median
+    of their fast levels and their slow shares (mean, min, max): does one side run slow more
+    often? ``cells``: per concurrency where both stock and ``variant`` have requests, per side
+    the requests, the share of them whose prefill ran slow, and the TTFT p50 of all of them, of
+    the fast-state ones and of the slow-state ones; ``ratio_*`` stock / variant (> 1: the
+    variant is faster), None where a side has no request in that state."""
+    variants = []
+    for v in sorted({s["variant"] for s in rows["servers"]}, key=lambda v: (v != "stock", v)):
+        mine = [s for s in rows["servers"] if s["variant"] == v]
+        shares = [s["slow_share"] for s in mine]
+        variants.append({"variant": v, "servers": len(mine), "launches": sum(s["launches"] for s in mine),
+                         "fast_ms": round(statistics.median(s["fast_ms"] for s in mine), 2),
+                         "slow_share": [round(statistics.fmean(shares), 3), min(shares), max(shares)]})
+    cells = []
+    for c in sorted({r["concurrency"] for r in rows["requests"]}):
+        side = {v: [r for r in rows["requests"] if r["concurrency"] == c and r["variant"] == v] for v in ("stock", variant)}
+        if not all(side.values()):
+            continue
+        row: dict[str, Any] = {"concurrency": c, "variant": variant, "requests": [len(side["stock"]), len(side[variant])],
+                               "slow_share": [round(sum(r["slow"] for r in x) / len(x), 3) for x in side.values()]}
+        for key, pick in (("all", lambda r: True), ("fast", lambda r: not r["slow"]), ("slow", lambda r: r["slow"])):
+            p50 = [records.quantile(t, 0.5) if t else None
+                   for t in ([r["ttft_ms"] for r in x if pick(r)] for x in side.values())]
+            row[f"p50_{key}_ms"] = [None if x is None else round(x, 1) for x in p50]
+            row[f"ratio_{key}"] = round(p50[0] / p50[1], 3) if None not in p50 else None
+        cells.append(row)
+    return {"variants": variants, "cells": cells}
+
+
+def host_state_table(summary: dict[str, list[dict[str, Any]]], rows: dict[str, list[dict[str, Any]]]) -> str:
+    """Each server's host state, then per variant, then per concurrency TTFT by state."""
+    lines = ["| variant | record | boot | one-request prefills | fast level ms | slow share |", "|---|---|---|---|---|---|"]
+    for s in sorted(rows["servers"], key=lambda s: (s["variant"] != "stock", s["variant"], s["record"], s["boot"])):
+        lines.append(f"| {s['variant']} | {s['record']} | {s['boot']} | {s['launches']} | {s['fast_ms']:.2f} "
+                     f"| {s['slow_share'] * 100:.0f}% |")
+    lines += ["", "| variant | servers | one-request prefills | fast level ms, median | slow share: mean (min - max) |",
+              "|---|---|---|---|---|"]
+    for v in summary["variants"]:
+        mean, lo, hi = v["slow_share"]
+        lines.append(f"| {v['variant']} | {v['servers']} | {v['launches']} | {v['fast_ms']:.2f} "
+                     f"| {mean * 100:.0f}% ({lo * 100:.0f} - {hi * 100:.0f}%) |")
+    v = summary["cells"][0]["variant"] if summary["cells"] else "patched"
+    lines += ["", f"| conc | requests in one-request prefills (stock / {v}) | slow share | TTFT p50 ms, all "
+              "| fast state | slow state |", "|---|---|---|---|---|---|"]
+
+    def pair(r: dict[str, Any], key: str) -> str:
+        a, b = r[f"p50_{key}_ms"]
+        if a is None or b is None:
+            return f"{_cell(a)} -> {_cell(b)}"
+        return f"{a:.1f} -> {b:.1f} (x{r[f'ratio_{key}']:.3f})"
+    for r in summary["cells"]:
+        ns, nv = r["requests"]
+        ss, sv = r["slow_share"]
+        lines.append(f"| {r['concurrency']} | {ns} / {nv} | {ss * 100:.0f}% -> {sv * 100:.0f}% | {pair(r, 'all')} "
+                     f"| {pair(r, 'fast')} | {pair(r, 'slow')} |")
+    return "\n".join(lines)
+
+
 #: Client sends less than this apart, one after the other, form one wave: a closed loop sends a
 #: new request as each one finishes, and requests that finish together are re-sent in a chain.
 WAVE_GAP_S = 0.005
@@ -1307,6 +1432,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-speed", action="store_true",
                    help="instead: each server's cells by its host's speed (its small prefill launches' CPU time) beside "
                         "their TTFT, and per concurrency both sides compared at the same host speed")
+    p.add_argument("--host-states", action="store_true",
+                   help="instead: each server's fast and slow host states (its one-request prefill launches' CPU "
+                        "time), per side how often it ran slow, and per concurrency TTFT at equal host state")
     p.add_argument("--intake", action="store_true",
                    help="instead: how the API server took in each cell's requests: the client's send waves, the "
                         "API server's time per request within a wave, the client-to-API median")
@@ -1324,16 +1452,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --strata or --host-speed: the variant set beside stock (default patched; e.g. "
                         "patched-mirror-relay)")
     args = p.parse_args(argv)
-    if args.variant != "patched" and not (args.strata or args.host_speed or args.token_times):
-        print("serve_prefill_batches: --variant goes with --strata, --host-speed or --token-times", file=sys.stderr)
+    if args.variant != "patched" and not (args.strata or args.host_speed or args.host_states or args.token_times):
+        print("serve_prefill_batches: --variant goes with --strata, --host-speed, --host-states or --token-times",
+              file=sys.stderr)
         return 2
     if args.plot and not args.host_speed:
         print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
         return 2
     if (args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed + args.intake
-            + args.token_times + args.poll_wait + args.functions + args.ftimes + args.waves > 1):
+            + args.token_times + args.poll_wait + args.functions + args.ftimes + args.waves + args.host_states > 1):
         print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --functions, --ftimes, "
-              "--host-speed, --intake, --token-times, --poll-wait, --waves",
+              "--host-speed, --host-states, --intake, --token-times, --poll-wait, --waves",
               file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
@@ -1372,6 +1501,15 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         print(json.dumps({key: rows}, indent=1) if args.json else table_of(rows))
+        return 0
+    if args.host_states:
+        states = host_state_rows([(str(path.parent), record, by_run) for path, record, by_run in pairs])
+        if not states["servers"]:
+            print("serve_prefill_batches: no one-request prefill with its CPU time in these logs "
+                  "(timelines before 2026-11-26 have none)", file=sys.stderr)
+            return 1
+        summary = host_state_summary(states, args.variant)
+        print(json.dumps({**states, **summary}, indent=1) if args.json else host_state_table(summary, states))
         return 0
     if args.host_speed:
         rows = host_speed_rows([(str(path.parent), record, by_run) for path, record, by_run in pairs])

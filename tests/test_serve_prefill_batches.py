@@ -550,7 +550,7 @@ def test_host_speed_reads_old_timelines_by_launch_time_and_checks_its_flags(tmp_
     assert spb.main(["--host-speed", "--launches", str(rec), str(logs)]) == 2
     assert "one of --launches" in capsys.readouterr().err
     assert spb.main(["--variant", "patched-no-war", "--launches", str(rec), str(logs)]) == 2
-    assert "--strata, --host-speed or --token-times" in capsys.readouterr().err
+    assert "--strata, --host-speed, --host-states or --token-times" in capsys.readouterr().err
 
 
 def test_host_speed_plot_draws_every_cell_and_each_sides_line(tmp_path: Path, capsys) -> None:
@@ -883,3 +883,60 @@ def test_profile_relay_host_times_each_relay_function_of_an_eager_decode(spec_fu
     args = prh.parse_args(["--iters", "2", "--rounds", "1", "--pool", "64", "--graph-bs", "8"])
     with pytest.raises(AssertionError, match="lost the lengths"):
         prh.relay_costs(args, 4, device="cpu")
+
+
+def _state_server(cpu_ms: list[float], compile_at: int | None = None) -> list[dict]:
+    """One server's timeline for ``_record``'s cells with every request prefilled alone: the
+    ``k``-th prefill took ``cpu_ms[k]`` of scheduler-thread CPU, and its request's API TTFT is
+    5 + 2 x that; ``compile_at``: that prefill compiled a Triton kernel (its request then 500 ms)."""
+    rids = ["w1", "w2", "a", "b", "c", "d", "x1", "x2", "x3", "x4", *[f"s{i}" for i in range(8)]]
+    ev = _events([[r] for r in rids])
+    runs = [e for e in ev if e["kind"] == "run" and e["extend"]]
+    ttft = {}
+    for k, (run, cpu) in enumerate(zip(runs, cpu_ms, strict=True)):
+        run["cpu_ms"] = cpu
+        ttft[run["rids"][0]] = 500.0 if k == compile_at else 5 + 2 * cpu
+        if k == compile_at:
+            ev.append({"kind": "compile", "t": run["t"], "t1": run["t1"], "kernel": "k", "key": "", "where": []})
+    return ev + _api(ev, ttft, [])
+
+
+def test_host_states_split_each_servers_prefills_into_its_fast_and_slow_state(tmp_path: Path, capsys) -> None:
+    # stock fast throughout (10 ms); patched as fast, but slow (18 ms: 1.8x) for cell 2's four requests
+    stock = [10.0] * 18
+    patched = [10.0, 10.0, 18.0, 18.0, 18.0, 18.0] + [10.0] * 12
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 25.0, "4": 25.0}), ("patched", 1, {"2": 41.0, "4": 25.0})])))
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _state_server(stock, 10)},
+                                        "timeline/patched-boot1/timeline-2.json": {"events": _state_server(patched)}})
+    assert spb.main(["--host-states", "--json", str(rec), str(logs)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    servers = {s["variant"]: s for s in doc["servers"]}
+    assert servers["stock"]["launches"] == 17  # the one that compiled is left out
+    assert (servers["stock"]["fast_ms"], servers["stock"]["slow_share"]) == (10.0, 0.0)
+    assert (servers["patched"]["fast_ms"], servers["patched"]["slow_share"]) == (10.0, round(4 / 18, 3))
+    two, four = doc["cells"]
+    assert two["requests"] == [4, 4] and two["slow_share"] == [0.0, 1.0]
+    # the cell reads 25 -> 41 ms, and at equal host state stock's fast requests have no slow counterpart
+    assert two["p50_all_ms"] == [25.0, 41.0] and two["ratio_all"] == round(25 / 41, 3)
+    assert two["p50_fast_ms"] == [25.0, None] and two["ratio_fast"] is None
+    assert two["p50_slow_ms"] == [None, 41.0] and two["ratio_slow"] is None
+    # cell 4: s0 compiled on stock and is left out; the rest is fast on both sides and equal
+    assert four["requests"] == [7, 8] and four["ratio_fast"] == 1.0 and four["p50_slow_ms"] == [None, None]
+    [st, pa] = doc["variants"]
+    assert (st["variant"], st["servers"], st["slow_share"]) == ("stock", 1, [0.0, 0.0, 0.0])
+    assert pa["slow_share"] == [round(4 / 18, 3)] * 3 and pa["fast_ms"] == 10.0
+    assert spb.main(["--host-states", str(rec), str(logs)]) == 0
+    table = capsys.readouterr().out
+    assert "| patched | 1 | 18 | 10.00 | 22% (22 - 22%) |" in table
+    assert "| 2 | 4 / 4 | 0% -> 100% | 25.0 -> 41.0 (x0.610) | 25.00 -> - | - -> 41.00 |" in table
+    assert "| 4 | 7 / 8 | 0% -> 0% | 25.0 -> 25.0 (x1.000) | 25.0 -> 25.0 (x1.000) | - -> - |" in table
+    # timelines without cpu_ms (before 2026-11-26) have nothing to tell; the flags are exclusive
+    old = _tar(tmp_path / "o.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events([[r] for r in (
+        "w1", "w2", "a", "b", "c", "d", "x1", "x2", "x3", "x4", *[f"s{i}" for i in range(8)])])}})
+    assert spb.main(["--host-states", str(rec), str(old)]) == 1
+    assert "no one-request prefill with its CPU time" in capsys.readouterr().err
+    assert spb.main(["--host-states", "--host-speed", str(rec), str(logs)]) == 2
+    assert spb.main(["--host-states", "--variant", "patched-x", str(rec), str(logs)]) == 0  # no such variant: no cells
+    assert json.loads(json.dumps(spb.host_state_summary(spb.host_state_rows([("r", json.loads(rec.read_text()),
+                                                                              spb.timelines(logs))]), "patched-x")))["cells"] == []
