@@ -1038,6 +1038,9 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
     except Exception as exc:  # informative only
         version = f"unknown ({type(exc).__name__})"
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "gpu": child_env.gpu_name(), "sglang": version,
+            # The host's CPUs by physical core: the timeline's ``core`` of each launch is read
+            # against it (serve_prefill_batches.py --host-states).
+            "cpu_cores": physical_cores(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None,
             "command": "python3 scripts/gpu_serve_bench.py " + " ".join(
                 a if not str(a).startswith(str(args.out)) else "OUT" for a in sys.argv[1:]),
             "config": {"model": f"{MODELS[args.model].description}, " + "/".join(map(str, SPECS[args.spec])),

@@ -47,6 +47,9 @@ prefill launches' CPU time and the share of them that ran ``SLOW_FACTOR`` times 
 per side (does one side run slow more often?), and per concurrency the API TTFT p50 of requests
 prefilled alone, all of them and split by the state their prefill ran in: both sides at equal
 host state, request by request, where ``--host-speed`` fits whole cells (``host_state_rows``).
+Timelines from 2026-11-27 on also say, per server, on which physical cores those launches
+ended and how often the OS preempted the scheduler thread in slow and in fast ones
+(``where_slow``).
 
 ``--token-times`` prints instead, per concurrency, when each request's tokens reached the client
 (``bench_serving``'s own per-request TTFT and inter-token latencies, from the ``bench/`` files of
@@ -1012,9 +1015,10 @@ def host_state_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[s
                 continue
             cpu = [e["cpu_ms"] for e in solo.values()]
             fast = statistics.median(sorted(cpu)[:FAST_LAUNCHES])
-            servers.append({"record": label, "variant": run["variant"], "boot": run["boot"], "launches": len(cpu),
-                            "fast_ms": round(fast, 2),
-                            "slow_share": round(sum(x > SLOW_FACTOR * fast for x in cpu) / len(cpu), 3)})
+            row = {"record": label, "variant": run["variant"], "boot": run["boot"], "launches": len(cpu),
+                   "fast_ms": round(fast, 2), "slow_share": round(sum(x > SLOW_FACTOR * fast for x in cpu) / len(cpu), 3)}
+            row.update(where_slow(list(solo.values()), fast, record["environment"].get("cpu_cores")))
+            servers.append(row)
             api = {e["rid"]: e for e in events if e["kind"] == "api"}
             for c, _, arrivals in cells:
                 for e in arrivals:
@@ -1024,6 +1028,32 @@ def host_state_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[s
                                          "slow": solo[rid]["cpu_ms"] > SLOW_FACTOR * fast,
                                          "ttft_ms": (api[rid]["first"] - api[rid]["received"]) * 1e3})
     return {"servers": servers, "requests": requests}
+
+
+def where_slow(launches: list[dict[str, Any]], fast_ms: float, cpu_cores: list[list[int]] | None) -> dict[str, Any]:
+    """Where one server's one-request prefill ``launches`` ran (timelines from 2026-11-27 on:
+    ``core``, ``preempted``; ``{}`` without them). ``cores``: per physical core (named by its
+    CPUs, from the record's ``cpu_cores``; a CPU of its own without it) the launches that ended
+    there and how many ran slow; ``preempted``: the share of slow and of fast launches the OS
+    preempted at least once (None where there are none of that state)."""
+    out: dict[str, Any] = {}
+    core_of = {cpu: ",".join(map(str, core)) for core in cpu_cores or () for cpu in core}
+    placed = [e for e in launches if e.get("core") is not None]
+    if placed:
+        cores: dict[str, list[int]] = {}
+        for e in placed:
+            n = cores.setdefault(core_of.get(e["core"], str(e["core"])), [0, 0])
+            n[0] += 1
+            n[1] += e["cpu_ms"] > SLOW_FACTOR * fast_ms
+        out["cores"] = dict(sorted(cores.items(), key=lambda kv: -kv[1][0]))
+    counted = [e for e in launches if e.get("preempted") is not None]
+    if counted:
+        shares = []
+        for slow in (True, False):
+            mine = [e for e in counted if (e["cpu_ms"] > SLOW_FACTOR * fast_ms) == slow]
+            shares.append(round(sum(e["preempted"] > 0 for e in mine) / len(mine), 3) if mine else None)
+        out["preempted"] = shares
+    return out
 
 
 def host_state_summary(rows: dict[str, list[dict[str, Any]]], variant: str = "patched") -> dict[str, list[dict[str, Any]]]:
@@ -1058,10 +1088,17 @@ def host_state_summary(rows: dict[str, list[dict[str, Any]]], variant: str = "pa
 
 def host_state_table(summary: dict[str, list[dict[str, Any]]], rows: dict[str, list[dict[str, Any]]]) -> str:
     """Each server's host state, then per variant, then per concurrency TTFT by state."""
-    lines = ["| variant | record | boot | one-request prefills | fast level ms | slow share |", "|---|---|---|---|---|---|"]
+    lines = ["| variant | record | boot | one-request prefills | fast level ms | slow share "
+             "| physical cores they ended on: launches (slow) | preempted at least once: slow / fast |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def share(x: float | None) -> str:
+        return "-" if x is None else f"{x * 100:.0f}%"
     for s in sorted(rows["servers"], key=lambda s: (s["variant"] != "stock", s["variant"], s["record"], s["boot"])):
+        cores = "; ".join(f"{c}: {n} ({k})" for c, (n, k) in s["cores"].items()) if "cores" in s else "-"
+        pre = " / ".join(share(x) for x in s["preempted"]) if "preempted" in s else "-"
         lines.append(f"| {s['variant']} | {s['record']} | {s['boot']} | {s['launches']} | {s['fast_ms']:.2f} "
-                     f"| {s['slow_share'] * 100:.0f}% |")
+                     f"| {s['slow_share'] * 100:.0f}% | {cores} | {pre} |")
     lines += ["", "| variant | servers | one-request prefills | fast level ms, median | slow share: mean (min - max) |",
               "|---|---|---|---|---|"]
     for v in summary["variants"]:

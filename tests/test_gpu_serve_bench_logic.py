@@ -413,6 +413,9 @@ def test_timeline_probe_wraps_the_methods_sglangs_scheduler_has(sglang_loaded, t
     busy, idle = own[2], own[3]
     assert busy["cpu_ms"] >= 30 and (busy["t1"] - busy["t"]) * 1000 >= busy["cpu_ms"] - 1
     assert idle["cpu_ms"] < 15 and (idle["t1"] - idle["t"]) * 1000 >= 30
+    # Where each launch ended (the CPU, one this process may use) and how often the OS
+    # preempted the thread in it (Linux tells both).
+    assert all(e["core"] in os.sched_getaffinity(0) and e["preempted"] >= 0 for e in (busy, idle))
     tl.flush()
     events = st.load_events([str(p) for p in tmp_path.glob("timeline-*.jsonl")])
     split = st.ttft_breakdown(events)
@@ -1955,6 +1958,8 @@ def test_timeline_probe_reads_its_sampling_and_timers_from_the_servers_environme
     monkeypatch.delenv("SMOKE_SAMPLE_DEPTH")
     monkeypatch.delenv("SMOKE_STEADY_SAMPLE_EVERY")
     assert sb.environment(args)["config"]["probe_env"] == {}
+    # The record keeps the host's CPUs by physical core, to read each launch's ``core`` against.
+    assert sb.environment(args)["cpu_cores"] == sb.physical_cores(sorted(os.sched_getaffinity(0)))
 
 
 def test_timeline_probe_names_the_caller_of_a_host_sync_on_the_scheduler_thread_only(tmp_path: Path, monkeypatch) -> None:

@@ -940,3 +940,32 @@ def test_host_states_split_each_servers_prefills_into_its_fast_and_slow_state(tm
     assert spb.main(["--host-states", "--variant", "patched-x", str(rec), str(logs)]) == 0  # no such variant: no cells
     assert json.loads(json.dumps(spb.host_state_summary(spb.host_state_rows([("r", json.loads(rec.read_text()),
                                                                               spb.timelines(logs))]), "patched-x")))["cells"] == []
+
+
+def test_host_states_say_on_which_physical_core_each_server_ran_slow_and_whether_it_was_preempted(
+        tmp_path: Path, capsys) -> None:
+    # patched's four slow prefills (cell 2) ended on CPU 5, the sibling of CPU 1 (one physical
+    # core), three of them preempted; its fast ones on CPU 2, one preempted
+    patched = [10.0, 10.0, 18.0, 18.0, 18.0, 18.0] + [10.0] * 12
+    ev = _state_server(patched)
+    for k, run in enumerate(e for e in ev if e["kind"] == "run" and e["extend"]):
+        run["core"], run["preempted"] = (5, int(k < 5)) if 2 <= k < 6 else (2, int(k == 0))
+    stock = _state_server([10.0] * 18)  # a timeline from before 2026-11-27: no core, no preempted
+    doc = _record([("stock", 0, {"2": 25.0, "4": 25.0}), ("patched", 1, {"2": 41.0, "4": 25.0})])
+    doc["environment"]["cpu_cores"] = [[0, 4], [1, 5], [2, 6], [3, 7]]
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(doc))
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": stock},
+                                        "timeline/patched-boot1/timeline-2.json": {"events": ev}})
+    assert spb.main(["--host-states", "--json", str(rec), str(logs)]) == 0
+    servers = {s["variant"]: s for s in json.loads(capsys.readouterr().out)["servers"]}
+    assert servers["patched"]["cores"] == {"2,6": [14, 0], "1,5": [4, 4]}
+    assert servers["patched"]["preempted"] == [0.75, round(1 / 14, 3)]
+    assert "cores" not in servers["stock"] and "preempted" not in servers["stock"]
+    assert spb.main(["--host-states", str(rec), str(logs)]) == 0
+    table = capsys.readouterr().out
+    assert "| patched | . | 1 | 18 | 10.00 | 22% | 2,6: 14 (0); 1,5: 4 (4) | 75% / 7% |" in table.replace(str(tmp_path), ".")
+    assert "| stock | . | 0 | 18 | 10.00 | 0% | - | - |" in table.replace(str(tmp_path), ".")
+    # without the record's cpu_cores each CPU stands for itself
+    assert spb.where_slow([{"cpu_ms": 20.0, "core": 5, "preempted": 0}], 10.0, None) == {
+        "cores": {"5": [1, 1]}, "preempted": [0.0, None]}

@@ -52,6 +52,13 @@ before them have none, nor ``gpu`` events):
   2026-11-26 on). Well below the launch's wall time: the thread waited (a sync, the GIL, the
   OS); close to it: the launch was host work (a spinning CUDA wait counts as work);
 
+* ``core``: the CPU the scheduler thread was on when the launch returned (``sched_getcpu``),
+  and ``preempted``: how often the OS took the CPU from the thread during the launch
+  (involuntary context switches, ``RUSAGE_THREAD``), both from 2026-11-27 on and only where the
+  OS tells them (Linux). The same launch's CPU time moved by 1.5-2x in steps per server on the
+  GPU machines; these say on which core, and whether the thread had to share it (the record's
+  ``environment.cpu_cores`` groups the host's CPUs by physical core);
+
 * ``host_bound`` (a prefill and the launch after one): the start event had completed. The GPU
   had finished all earlier work and started this launch before the host was done launching it:
   the launch's host work set the pace. False: the GPU was still on earlier work, so a long
@@ -368,6 +375,38 @@ def load_events(paths: Iterable[str]) -> list[dict[str, Any]]:
 
 
 @functools.cache
+def _libc_getcpu() -> Any:
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).sched_getcpu
+        fn.restype = ctypes.c_int
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+_GETCPU = _libc_getcpu()
+
+
+def thread_core() -> int | None:
+    """The CPU the calling thread is on now, or None where libc has no ``sched_getcpu``."""
+    if _GETCPU is None:
+        return None
+    core = _GETCPU()
+    return core if core >= 0 else None
+
+
+def involuntary_switches() -> int | None:
+    """How often the OS has preempted the calling thread so far, or None off Linux."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+    except (ImportError, AttributeError, OSError):
+        return None
+
+
 def _has_cuda() -> bool:
     import torch
 
@@ -609,7 +648,7 @@ class Timeline:
             return orig_input(self, recv_reqs, *a, **k)
 
         def run_batch(self, batch, *a, **k):
-            t0, c0 = time.time(), time.thread_time()
+            t0, c0, s0 = time.time(), time.thread_time(), involuntary_switches()
             fm = getattr(batch, "forward_mode", None)
             extend = bool(fm is not None and fm.is_extend())
             after_prefill = tl.last_extend
@@ -627,6 +666,11 @@ class Timeline:
                 tl.launching, tl.last_extend = None, extend
                 ev = _interval("run", batch, t0)
                 ev["cpu_ms"] = round((time.thread_time() - c0) * 1000, 3)
+                core, s1 = thread_core(), involuntary_switches()
+                if core is not None:
+                    ev["core"] = core
+                if s0 is not None and s1 is not None:
+                    ev["preempted"] = s1 - s0
                 if sample_steady:
                     ev["sampled"] = True
                 if ev["extend"]:
