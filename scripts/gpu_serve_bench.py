@@ -303,6 +303,80 @@ def pin_process(pid: int, cpus: Sequence[int] | None) -> str | None:
         return None
 
 
+#: SGLang's scheduler process names itself so (``setproctitle``); the kernel's ``comm`` keeps 15 bytes.
+SCHEDULER_TITLE = "sglang::scheduler"
+
+
+def process_tree(pid: int, proc_root: Path = Path("/proc")) -> list[int]:
+    """``pid`` and every process below it (by ``/proc/<pid>/stat``'s parent), ``pid`` first."""
+    parents: dict[int, list[int]] = {}
+    for d in proc_root.iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(sorted(parents.get(p, ())))
+    return out
+
+
+def is_scheduler(pid: int, proc_root: Path = Path("/proc")) -> bool:
+    """Whether process ``pid`` is an SGLang scheduler (its title, or its truncated ``comm``)."""
+    try:
+        title = (proc_root / str(pid) / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        comm = (proc_root / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return False
+    return title.startswith(SCHEDULER_TITLE) or SCHEDULER_TITLE.startswith(comm) and len(comm) >= 15
+
+
+def pin_tasks(pid: int, cpus: Sequence[int], proc_root: Path = Path("/proc")) -> int:
+    """Every thread of process ``pid`` on ``cpus`` (``sched_setaffinity`` sets one thread);
+    how many were set."""
+    done = 0
+    try:
+        tids = [int(t.name) for t in (proc_root / str(pid) / "task").iterdir() if t.name.isdigit()]
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+            done += 1
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return done
+
+
+def pin_scheduler_apart(server_pid: int, client_pid: int, slot: Sequence[int],
+                        cores: Sequence[Sequence[int]] | None = None,
+                        proc_root: Path = Path("/proc")) -> dict[str, Any]:
+    """``--pin-scheduler``: within the server's CPU set ``slot``, its scheduler process (every
+    thread) gets the first physical core alone, both hyperthreads of it, and every other process
+    of the server (API server, detokenizer) and the bench client get the rest. Nothing else then
+    runs on the scheduler thread's core or on its SMT sibling. ``cores``: ``slot`` by physical
+    core (``physical_cores``). The CPU lists given, or ``error`` (nothing pinned)."""
+    cores = list(cores) if cores is not None else physical_cores(slot)
+    if len(cores) < 2:
+        return {"error": f"--pin-scheduler needs 2 physical cores per server, {len(cores)} here"}
+    tree = process_tree(server_pid, proc_root)
+    schedulers = [p for p in tree if is_scheduler(p, proc_root)]
+    if not schedulers:
+        return {"error": "no SGLang scheduler process under the server"}
+    own = sorted(cores[0])
+    rest = sorted(c for core in cores[1:] for c in core)
+    for p in schedulers:
+        pin_tasks(p, own, proc_root)
+    others = [p for p in tree if p not in schedulers] + process_tree(client_pid, proc_root)
+    for p in others:
+        pin_tasks(p, rest, proc_root)
+    return {"scheduler": format_cpulist(own), "others": format_cpulist(rest), "schedulers": len(schedulers)}
+
+
 def plan_cpus(gpus: Sequence[str]) -> dict[str, list[int]]:
     """``--pin-cpus``: the CPU set of each slot (``gpus``; a run with one GPU has the one slot
     ``""``, placed near the first visible GPU) from this process's CPUs. ValueError as
@@ -890,6 +964,11 @@ def run_server(variant: str, boot: int, target: str, draft: str | None, args: ar
             run["error"] = f"server {not_ready}" + (" (--budget)" if proc.poll() is None else "")
             return run
         run["start_s"] = round(time.monotonic() - t0, 1)
+        if cpus and getattr(args, "pin_scheduler", False):
+            run["pin_scheduler"] = pin_scheduler_apart(proc.pid, client.proc.pid, cpus)
+            if "error" in run["pin_scheduler"]:
+                run["error"] = run["pin_scheduler"]["error"]
+                return run
         log_text = log_path.read_text(errors="replace")
         applied = "sglang_futuremap_patch: applied" in log_text
         run["plugin_applied"] = applied
@@ -1130,7 +1209,9 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
                 if env["config"].get("probe_env") else "")
              + ("; each server and its bench client pinned to its own physical cores (--pin-cpus: "
                 + ", ".join(f"{('GPU ' + s) if s else 'servers'} {c}" for s, c in env["config"]["pin_cpus"].items())
-                + ")" if env["config"].get("pin_cpus") else ""),
+                + ")" if env["config"].get("pin_cpus") else "")
+             + ("; each scheduler process on a physical core of its own, the rest of the server and its client "
+                "on the others (--pin-scheduler)" if env["config"].get("pin_scheduler") else ""),
              "",
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
@@ -1222,6 +1303,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="give each server (and its bench client) its own equal set of whole physical cores, near "
                         "its GPU first (sched_setaffinity): side-by-side servers never share a core and the "
                         "scheduler cannot land on a busy or far one; off: placed by the kernel, as users run")
+    p.add_argument("--pin-scheduler", action="store_true",
+                   help="with --pin-cpus: once each server is ready, its scheduler process gets the first physical "
+                        "core of the server's set alone (both hyperthreads), and the API server, detokenizer and "
+                        "bench client the rest: nothing else on the scheduler thread's core or its SMT sibling "
+                        "(both sides alike)")
     p.add_argument("--budget", type=float, default=540, help="seconds for the whole run; a cut-off is recorded")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--port", type=int, default=31200)
@@ -1259,6 +1345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [v for v in variants if v not in MODES]
     if unknown:
         p.error(f"unknown variant(s) {unknown}; choose from {sorted(MODES)}")
+    if args.pin_scheduler and not args.pin_cpus:
+        p.error("--pin-scheduler goes with --pin-cpus (it splits each server's own CPU set)")
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
     target, draft = make_models(args.out / "models", args.model)
@@ -1276,6 +1364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: --pin-cpus: {exc}", file=sys.stderr)
             return 2
         doc["environment"]["config"]["pin_cpus"] = {s: format_cpulist(c) for s, c in args.cpu_sets.items()}
+        doc["environment"]["config"]["pin_scheduler"] = bool(args.pin_scheduler)
         print("CPUs: " + "; ".join(f"{('GPU ' + s) if s else 'servers'} {format_cpulist(c)}"
                                    for s, c in args.cpu_sets.items()), flush=True)
     for boot in range(args.first_boot, args.first_boot + args.boots):

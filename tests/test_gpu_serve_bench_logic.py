@@ -1782,6 +1782,12 @@ def test_pin_cpus_plans_a_set_per_gpu_records_it_and_says_when_it_cannot(tmp_pat
     assert doc["environment"]["config"]["pin_cpus"] == {"0": "0-1,4-5", "1": "2-3,6-7"}
     assert "pinned to its own physical cores (--pin-cpus: GPU 0 0-1,4-5, GPU 1 2-3,6-7)" in \
         (out / "serve-bench.md").read_text().splitlines()[0]
+    assert doc["environment"]["config"]["pin_scheduler"] is False
+    assert sb.main(["--out", str(tmp_path / "o3"), "--boots", "1", "--gpus", "2", "--concurrency", "8", "--pin-cpus",
+                    "--pin-scheduler"]) == 0
+    doc = json.loads((tmp_path / "o3" / "serve-bench.json").read_text())
+    assert doc["environment"]["config"]["pin_scheduler"] is True
+    assert "each scheduler process on a physical core of its own" in (tmp_path / "o3" / "serve-bench.md").read_text()
     monkeypatch.setattr(sb, "physical_cores", lambda cpus, *a: [[0, 1]])
     assert sb.main(["--out", str(tmp_path / "o2"), "--boots", "1", "--gpus", "2", "--concurrency", "8", "--pin-cpus"]) == 2
 
@@ -1988,3 +1994,78 @@ def test_timeline_probe_names_the_caller_of_a_host_sync_on_the_scheduler_thread_
     assert [e["what"] for e in syncs] == ["tolist"]
     assert syncs[0]["where"].startswith("test_gpu_serve_bench_logic.py:") and syncs[0]["where"].endswith(" reads_lengths")
     assert syncs[0]["t1"] >= syncs[0]["t"]
+
+
+def test_pin_scheduler_gives_the_scheduler_a_core_alone_and_the_rest_of_the_set_to_everything_else(tmp_path: Path) -> None:
+    """Real processes: a stand-in server with a scheduler child (named as SGLang's setproctitle
+    names it, and with a second thread) and another child, and a client. Every thread of the
+    scheduler ends up on the first core of the set, every other process on the rest."""
+    import subprocess
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    a, b = cpus[0], cpus[1]
+    threaded = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+    server = subprocess.Popen(["bash", "-c", f"(exec -a sglang::scheduler_TP0 {sys.executable} -c '{threaded}') & "
+                               "sleep 60 & wait"], start_new_session=True)
+    client = subprocess.Popen(["sleep", "60"])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            tree = sb.process_tree(server.pid)
+            scheds = [p for p in tree if sb.is_scheduler(p)]
+            if len(tree) == 3 and scheds and len(os.listdir(f"/proc/{scheds[0]}/task")) >= 2:
+                break
+            time.sleep(0.05)
+        assert len(tree) == 3 and len(scheds) == 1
+        got = sb.pin_scheduler_apart(server.pid, client.pid, [a, b], cores=[[a], [b]])
+        assert got == {"scheduler": str(a), "others": str(b), "schedulers": 1}
+        (sched,) = scheds
+        for tid in os.listdir(f"/proc/{sched}/task"):
+            assert os.sched_getaffinity(int(tid)) == {a}
+        for pid in [p for p in tree if p != sched] + [client.pid]:
+            assert os.sched_getaffinity(pid) == {b}
+        assert sb.pin_scheduler_apart(server.pid, client.pid, [a], cores=[[a]])["error"].startswith(
+            "--pin-scheduler needs 2 physical cores")
+        assert sb.pin_scheduler_apart(client.pid, client.pid, [a, b], cores=[[a], [b]]) == {
+            "error": "no SGLang scheduler process under the server"}
+    finally:
+        os.killpg(server.pid, 9)
+        client.kill()
+        server.wait()
+        client.wait()
+
+
+def test_a_scheduler_is_told_by_its_title_or_its_truncated_comm(tmp_path: Path) -> None:
+    for pid, cmdline, comm, expected in ((1, b"sglang::scheduler_TP0\0", "sglang::schedul", True),
+                                         (2, b"python\0-m\0x\0", "sglang::schedul", True),  # title lost, comm kept
+                                         (3, b"sglang::detokenizer\0", "sglang::detoken", False),
+                                         (4, b"python\0", "python", False)):
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "cmdline").write_bytes(cmdline)
+        (d / "comm").write_text(comm + "\n")
+        assert sb.is_scheduler(pid, tmp_path) is expected
+    assert sb.is_scheduler(9, tmp_path) is False  # gone
+
+
+def test_run_server_pins_the_scheduler_apart_once_ready_and_stops_when_it_cannot(tmp_path: Path, monkeypatch) -> None:
+    _no_processes(monkeypatch)
+    monkeypatch.setattr(sb, "pin_process", lambda pid, cpus: sb.format_cpulist(cpus) if cpus else None)
+    monkeypatch.setattr(sb.launch, "wait_until_ready", lambda *a, **k: None)
+    calls = []
+    monkeypatch.setattr(sb, "pin_scheduler_apart", lambda server, client, slot: calls.append(slot) or {"error": "none"})
+    args = argparse.Namespace(out=tmp_path, timeline=False, upstream_site="none", backend="default", server_arg=[],
+                              concurrency=[], spec="chain", model="8b", cpu_sets={"0": [0, 1, 4, 5]},
+                              pin_scheduler=True)
+    run = sb.run_server("patched", 0, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=1, gpu="0")
+    assert calls == [[0, 1, 4, 5]] and run["error"] == "none" and run["cells"] == {}
+    monkeypatch.setattr(sb, "pin_scheduler_apart", lambda server, client, slot: {"scheduler": "0,4", "others": "1,5"})
+    run = sb.run_server("stock", 0, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=1, gpu="0")
+    assert run["pin_scheduler"] == {"scheduler": "0,4", "others": "1,5"}
+    args.pin_scheduler = False
+    run = sb.run_server("stock", 0, "/m/t", "/m/d", args, deadline=time.monotonic() + 5, port=1, gpu="0")
+    assert "pin_scheduler" not in run
+    with pytest.raises(SystemExit):
+        sb.main(["--out", str(tmp_path / "o"), "--pin-scheduler"])

@@ -17,6 +17,9 @@
 #       once each server is ready (both sides): the cells without the one long API-server collection per server
 #   bash scripts/gpu/run_serve_bench.sh --gpus 2 --pin-cpus --timeline --backend triton --concurrency 1,4,8
 #       # each server and its bench client on an equal set of cores of its own (both sides alike)
+#   bash scripts/gpu/run_serve_bench.sh --gpus 2 --pin-cpus --pin-scheduler --timeline --backend triton --concurrency 1,8,32
+#       # and, within that set, the scheduler process on a physical core of its own (nothing on its SMT
+#       # sibling): does a server's host speed still move in steps (serve_prefill_batches.py --host-states)?
 #   bash scripts/gpu/run_serve_bench.sh --gpus 2 --boots 2   # two-GPU machine (nvidia-h100-x2): each boot's stock and
 #       (patched servers at the same time, one per GPU, the card of each side alternating with the boot: twice
 #       the boots per device-minute; FA3 staged the same way; one host, so both servers share its CPUs)
