@@ -332,7 +332,7 @@ def is_scheduler(pid: int, proc_root: Path = Path("/proc")) -> bool:
         comm = (proc_root / str(pid) / "comm").read_text().strip()
     except OSError:
         return False
-    return title.startswith(SCHEDULER_TITLE) or SCHEDULER_TITLE.startswith(comm) and len(comm) >= 15
+    return title.startswith(SCHEDULER_TITLE) or (len(comm) >= 15 and SCHEDULER_TITLE.startswith(comm))
 
 
 def pin_tasks(pid: int, cpus: Sequence[int], proc_root: Path = Path("/proc")) -> int:

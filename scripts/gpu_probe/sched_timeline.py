@@ -374,7 +374,6 @@ def load_events(paths: Iterable[str]) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- in the scheduler
 
 
-@functools.cache
 def _libc_getcpu() -> Any:
     try:
         import ctypes
@@ -407,6 +406,7 @@ def involuntary_switches() -> int | None:
         return None
 
 
+@functools.cache
 def _has_cuda() -> bool:
     import torch
 
