@@ -1018,6 +1018,11 @@ def host_state_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[s
             row = {"record": label, "variant": run["variant"], "boot": run["boot"], "launches": len(cpu),
                    "fast_ms": round(fast, 2), "slow_share": round(sum(x > SLOW_FACTOR * fast for x in cpu) / len(cpu), 3)}
             row.update(where_slow(list(solo.values()), fast, record["environment"].get("cpu_cores")))
+            # The boot's first cell (its warm-up included) against the later ones.
+            second = next(((w or m)[0]["t"] for _, w, m in cells[1:] if w or m), float("inf"))
+            for key, pick in (("first_cell_slow_share", lambda t: t < second), ("later_slow_share", lambda t: t >= second)):
+                part = [e["cpu_ms"] for e in solo.values() if pick(e["t"])]
+                row[key] = round(sum(x > SLOW_FACTOR * fast for x in part) / len(part), 3) if part else None
             servers.append(row)
             api = {e["rid"]: e for e in events if e["kind"] == "api"}
             for c, _, arrivals in cells:
@@ -1067,9 +1072,11 @@ def host_state_summary(rows: dict[str, list[dict[str, Any]]], variant: str = "pa
     for v in sorted({s["variant"] for s in rows["servers"]}, key=lambda v: (v != "stock", v)):
         mine = [s for s in rows["servers"] if s["variant"] == v]
         shares = [s["slow_share"] for s in mine]
+        by_place = {key: [s[key] for s in mine if s.get(key) is not None] for key in ("first_cell_slow_share", "later_slow_share")}
         variants.append({"variant": v, "servers": len(mine), "launches": sum(s["launches"] for s in mine),
                          "fast_ms": round(statistics.median(s["fast_ms"] for s in mine), 2),
-                         "slow_share": [round(statistics.fmean(shares), 3), min(shares), max(shares)]})
+                         "slow_share": [round(statistics.fmean(shares), 3), min(shares), max(shares)],
+                         **{key: round(statistics.fmean(x), 3) if x else None for key, x in by_place.items()}})
     cells = []
     for c in sorted({r["concurrency"] for r in rows["requests"]}):
         side = {v: [r for r in rows["requests"] if r["concurrency"] == c and r["variant"] == v] for v in ("stock", variant)}
@@ -1099,12 +1106,14 @@ def host_state_table(summary: dict[str, list[dict[str, Any]]], rows: dict[str, l
         pre = " / ".join(share(x) for x in s["preempted"]) if "preempted" in s else "-"
         lines.append(f"| {s['variant']} | {s['record']} | {s['boot']} | {s['launches']} | {s['fast_ms']:.2f} "
                      f"| {s['slow_share'] * 100:.0f}% | {cores} | {pre} |")
-    lines += ["", "| variant | servers | one-request prefills | fast level ms, median | slow share: mean (min - max) |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| variant | servers | one-request prefills | fast level ms, median | slow share: mean (min - max) "
+              "| slow share in the first cell of a boot / in the later ones (mean over servers) |",
+              "|---|---|---|---|---|---|"]
     for v in summary["variants"]:
         mean, lo, hi = v["slow_share"]
         lines.append(f"| {v['variant']} | {v['servers']} | {v['launches']} | {v['fast_ms']:.2f} "
-                     f"| {mean * 100:.0f}% ({lo * 100:.0f} - {hi * 100:.0f}%) |")
+                     f"| {mean * 100:.0f}% ({lo * 100:.0f} - {hi * 100:.0f}%) "
+                     f"| {share(v['first_cell_slow_share'])} / {share(v['later_slow_share'])} |")
     v = summary["cells"][0]["variant"] if summary["cells"] else "patched"
     lines += ["", f"| conc | requests in one-request prefills (stock / {v}) | slow share | TTFT p50 ms, all "
               "| fast state | slow state |", "|---|---|---|---|---|---|"]

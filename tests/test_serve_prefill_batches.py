@@ -926,9 +926,12 @@ def test_host_states_split_each_servers_prefills_into_its_fast_and_slow_state(tm
     [st, pa] = doc["variants"]
     assert (st["variant"], st["servers"], st["slow_share"]) == ("stock", 1, [0.0, 0.0, 0.0])
     assert pa["slow_share"] == [round(4 / 18, 3)] * 3 and pa["fast_ms"] == 10.0
+    # the first cell (cell 2 with its warm-up: 6 prefills, 4 slow) against the later one (none)
+    assert (servers["patched"]["first_cell_slow_share"], servers["patched"]["later_slow_share"]) == (round(4 / 6, 3), 0.0)
+    assert (pa["first_cell_slow_share"], pa["later_slow_share"]) == (round(4 / 6, 3), 0.0)
     assert spb.main(["--host-states", str(rec), str(logs)]) == 0
     table = capsys.readouterr().out
-    assert "| patched | 1 | 18 | 10.00 | 22% (22 - 22%) |" in table
+    assert "| patched | 1 | 18 | 10.00 | 22% (22 - 22%) | 67% / 0% |" in table
     assert "| 2 | 4 / 4 | 0% -> 100% | 25.0 -> 41.0 (x0.610) | 25.00 -> - | - -> 41.00 |" in table
     assert "| 4 | 7 / 8 | 0% -> 0% | 25.0 -> 25.0 (x1.000) | 25.0 -> 25.0 (x1.000) | - -> - |" in table
     # timelines without cpu_ms (before 2026-11-26) have nothing to tell; the flags are exclusive
