@@ -336,20 +336,13 @@ def is_scheduler(pid: int, proc_root: Path = Path("/proc")) -> bool:
 
 
 def pin_tasks(pid: int, cpus: Sequence[int], proc_root: Path = Path("/proc")) -> int:
-    """Every thread of process ``pid`` on ``cpus`` (``sched_setaffinity`` sets one thread);
-    how many were set."""
-    done = 0
+    """Every thread of process ``pid`` on ``cpus`` (``pin_process`` per thread:
+    ``sched_setaffinity`` sets one); how many were set (a thread that ended meanwhile is not)."""
     try:
         tids = [int(t.name) for t in (proc_root / str(pid) / "task").iterdir() if t.name.isdigit()]
     except OSError:
         return 0
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, cpus)
-            done += 1
-        except OSError:
-            pass  # a thread that ended meanwhile
-    return done
+    return sum(pin_process(tid, cpus) is not None for tid in tids)
 
 
 def pin_scheduler_apart(server_pid: int, client_pid: int, slot: Sequence[int],

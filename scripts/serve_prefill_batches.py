@@ -991,6 +991,11 @@ SLOW_FACTOR = 1.3
 FAST_LAUNCHES = 3
 
 
+def ran_slow(cpu_ms: float, fast_ms: float) -> bool:
+    """Whether a launch of ``cpu_ms`` ran in the slow state of a server whose fast level is ``fast_ms``."""
+    return cpu_ms > SLOW_FACTOR * fast_ms
+
+
 def host_state_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[str, Any]]]]]
                     ) -> dict[str, list[dict[str, Any]]]:
     """The host state of every server run with ``cpu_ms`` timelines in ``pairs`` (label, record,
@@ -1016,13 +1021,13 @@ def host_state_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[s
             cpu = [e["cpu_ms"] for e in solo.values()]
             fast = statistics.median(sorted(cpu)[:FAST_LAUNCHES])
             row = {"record": label, "variant": run["variant"], "boot": run["boot"], "launches": len(cpu),
-                   "fast_ms": round(fast, 2), "slow_share": round(sum(x > SLOW_FACTOR * fast for x in cpu) / len(cpu), 3)}
+                   "fast_ms": round(fast, 2), "slow_share": round(sum(ran_slow(x, fast) for x in cpu) / len(cpu), 3)}
             row.update(where_slow(list(solo.values()), fast, record["environment"].get("cpu_cores")))
             # The boot's first cell (its warm-up included) against the later ones.
             second = next(((w or m)[0]["t"] for _, w, m in cells[1:] if w or m), float("inf"))
             for key, pick in (("first_cell_slow_share", lambda t: t < second), ("later_slow_share", lambda t: t >= second)):
                 part = [e["cpu_ms"] for e in solo.values() if pick(e["t"])]
-                row[key] = round(sum(x > SLOW_FACTOR * fast for x in part) / len(part), 3) if part else None
+                row[key] = round(sum(ran_slow(x, fast) for x in part) / len(part), 3) if part else None
             servers.append(row)
             api = {e["rid"]: e for e in events if e["kind"] == "api"}
             for c, _, arrivals in cells:
@@ -1030,7 +1035,7 @@ def host_state_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[s
                     rid = e["rid"]
                     if rid in solo and rid in api and api[rid].get("first") is not None:
                         requests.append({"concurrency": int(c), "variant": run["variant"],
-                                         "slow": solo[rid]["cpu_ms"] > SLOW_FACTOR * fast,
+                                         "slow": ran_slow(solo[rid]["cpu_ms"], fast),
                                          "ttft_ms": (api[rid]["first"] - api[rid]["received"]) * 1e3})
     return {"servers": servers, "requests": requests}
 
@@ -1049,13 +1054,13 @@ def where_slow(launches: list[dict[str, Any]], fast_ms: float, cpu_cores: list[l
         for e in placed:
             n = cores.setdefault(core_of.get(e["core"], str(e["core"])), [0, 0])
             n[0] += 1
-            n[1] += e["cpu_ms"] > SLOW_FACTOR * fast_ms
+            n[1] += ran_slow(e["cpu_ms"], fast_ms)
         out["cores"] = dict(sorted(cores.items(), key=lambda kv: -kv[1][0]))
     counted = [e for e in launches if e.get("preempted") is not None]
     if counted:
         shares = []
         for slow in (True, False):
-            mine = [e for e in counted if (e["cpu_ms"] > SLOW_FACTOR * fast_ms) == slow]
+            mine = [e for e in counted if ran_slow(e["cpu_ms"], fast_ms) == slow]
             shares.append(round(sum(e["preempted"] > 0 for e in mine) / len(mine), 3) if mine else None)
         out["preempted"] = shares
     return out

@@ -396,13 +396,21 @@ def thread_core() -> int | None:
     return core if core >= 0 else None
 
 
+try:  # RUSAGE_THREAD is Linux's
+    import resource
+
+    _RUSAGE_THREAD: int | None = resource.RUSAGE_THREAD
+except (ImportError, AttributeError):
+    _RUSAGE_THREAD = None
+
+
 def involuntary_switches() -> int | None:
     """How often the OS has preempted the calling thread so far, or None off Linux."""
+    if _RUSAGE_THREAD is None:
+        return None
     try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
-    except (ImportError, AttributeError, OSError):
+        return resource.getrusage(_RUSAGE_THREAD).ru_nivcsw
+    except OSError:
         return None
 
 
