@@ -92,6 +92,8 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          # both switched off: a tree as the plugin ran it before they became its default for trees
          "patched-tree-switches-off": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "0",
                                                   "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "0"}),
+         # back-port 27 switched on (opt-in): a tree's small prefill processed before the next batch is built
+         "patched-prefill-before-next-batch": ("strict", {"SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH": "1"}),
          # SGLang's own switch on top of the plugin: consecutive prefills without overlap
          "patched-serial-prefills": ("strict", {"SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "1"})}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
@@ -123,6 +125,9 @@ MODE_NOTES = {
                                    "(a tree's default since 2026-11-26: = patched there)",
     "patched-tree-switches-off": "the plugin with back-ports 22 and 16 switched off (=0): a tree as the plugin ran "
                                  "it before they became its default for trees; on a chain = patched",
+    "patched-prefill-before-next-batch": "the plugin with back-port 27 switched on "
+                                         "(SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH=1): a tree's small prefill's "
+                                         "result processed before the next batch is built",
     "patched-serial-prefills": "the plugin with SGLang's own SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP=1: a "
                                "prefill's result is processed before the next prefill is launched",
 }
