@@ -143,7 +143,7 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
                                    "patched-no-fi-host-sum", "patched-mirror-relay",
                                    "patched-relay-prefill-first", "patched-tree-switches-off",
                                    "patched-serial-prefills", "patched-mirror-relay-check",
-                                   "patched-mirror-relay-device-indptr"}
+                                   "patched-mirror-relay-device-indptr", "patched-prefill-before-next-batch"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -2069,3 +2069,16 @@ def test_run_server_pins_the_scheduler_apart_once_ready_and_stops_when_it_cannot
     assert "pin_scheduler" not in run
     with pytest.raises(SystemExit):
         sb.main(["--out", str(tmp_path / "o"), "--pin-scheduler"])
+
+
+def test_prefill_before_next_batch_variant_is_the_plugin_with_back_port_27_on() -> None:
+    """The opt-in back-port's serving variant: the plugin as it ships plus its one switch, and
+    its own line in the summary."""
+    from sglang_futuremap_patch.backports import prefill_before_next_batch
+
+    mode, env = sb.MODES["patched-prefill-before-next-batch"]
+    assert mode == "strict" and env == {prefill_before_next_batch.PREFILL_BEFORE_NEXT_BATCH_ENV: "1"}
+    assert "back-port 27" in sb.MODE_NOTES["patched-prefill-before-next-batch"]
+    # a patched server of any other variant runs without the switch, whatever the shell holds
+    base = {prefill_before_next_batch.PREFILL_BEFORE_NEXT_BATCH_ENV: "1"}
+    assert prefill_before_next_batch.PREFILL_BEFORE_NEXT_BATCH_ENV not in sb.variant_env("patched", base)
