@@ -27,7 +27,9 @@ once for a marked result. The merge that follows sees the prefill's requests as 
 loop does: a request that finished at its prefill is filtered out before the decode is built,
 as in stock spec v1, instead of riding in that decode as a finished row. The decision reads
 only the queue, the batch and the environment (no event query), so tensor-parallel ranks decide
-alike. Tokens are those of stock: no kernel reads a prefill's processed result.
+alike. The kernels then get what stock's spec v1 loop gives them: a request finished at its
+prefill is not a row of the next decode, and a prompt that arrives next finds the prefill's
+prefix in the radix cache, both as in stock.
 
 Opt-in until a GPU run has shown it token-identical on the e2e tree group and measured it on
 the serving benchmark: ``SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH=1`` turns it on (trees only;
