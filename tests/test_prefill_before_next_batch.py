@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import activate_backport, loop_scheduler
-from test_prefill_result_first import _Batch, _Event, _StopLoop
+from test_prefill_result_first import _Batch, _Event, _polls, _StopLoop
 
 ENV = "SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH"
 
@@ -56,12 +56,7 @@ def _serve(reqs: list, *, topk: int = 4, mlp_sync: bool = False, chunked: bool =
     sched = loop_scheduler()
     log: list[str] = []
     processed: list = []
-    answers, waiting = deque([["A"], [], [], []]), []
-
-    def recv_requests():
-        if not answers:
-            raise _StopLoop
-        return answers.popleft()
+    waiting: list = []
 
     def get_new_batch_prefill():
         if not waiting:
@@ -81,7 +76,7 @@ def _serve(reqs: list, *, topk: int = 4, mlp_sync: bool = False, chunked: bool =
         for req in batch.reqs:
             req.done = True
 
-    sched.recv_requests = recv_requests
+    sched.recv_requests = _polls(deque([["A"], [], [], []]))
     sched.process_input_requests = lambda r: waiting.extend(r)
     sched.get_new_batch_prefill = get_new_batch_prefill
     sched.running_batch = _LoggedBatch("-", [])
