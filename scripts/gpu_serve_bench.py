@@ -774,12 +774,14 @@ GPU_COLS = (("sched_prefill_gpu_queue_ms", "prefill queued on the GPU ms"),
             ("sched_next_prefill_exposed", "next prefills exposed (share)"))
 
 
-def format_sched_table(summary: dict[str, Any], cols: Sequence[tuple[str, str]] = SCHED_COLS) -> str:
-    """Markdown: the scheduler's part of TTFT per concurrency (``--timeline``), stock -> patched
-    medians over boots, ms; empty when no run has it. ``cols=API_COLS``: the parts outside the
-    scheduler (empty when no run has the API server's events); ``cols=GPU_COLS``: the GPU side of
-    prefill launches (empty when no run has GPU fields)."""
-    stock, patched = summary["variants"].get("stock", {}), summary["variants"].get("patched", {})
+def format_sched_table(summary: dict[str, Any], cols: Sequence[tuple[str, str]] = SCHED_COLS,
+                       pair: tuple[str, str] = ("stock", "patched")) -> str:
+    """Markdown: the scheduler's part of TTFT per concurrency (``--timeline``), ``pair[0] ->
+    pair[1]`` (stock -> patched unless told) medians over boots, ms; empty when no run has it.
+    ``cols=API_COLS``: the parts outside the scheduler (empty when no run has the API server's
+    events); ``cols=GPU_COLS``: the GPU side of prefill launches (empty when no run has GPU
+    fields)."""
+    stock, patched = (summary["variants"].get(v, {}) for v in pair)
     # A row needs a value of its own table: API_COLS repeats the client's TTFT and the
     # scheduler's total, which records without the API server's events have too.
     own = {k for k, _ in SCHED_COLS} if cols is SCHED_COLS else {k for k, _ in cols} - {k for k, _ in SCHED_COLS}
@@ -817,9 +819,14 @@ PLOT_KEYS = (("median_ttft_ms", "TTFT p50", "#d62728"), ("p99_ttft_ms", "TTFT p9
 
 def plot_svg(summary: dict[str, Any], title: str) -> str:
     """An SVG line plot of how much better patched is (``summary['ratio']``) per concurrency, one
-    line per metric of ``PLOT_KEYS``, with the parity line (x1.0) and the +3% latency bound."""
-    conc = sorted(summary["ratio"])
-    vals = [r for c in conc for k, _, _ in PLOT_KEYS if (r := summary["ratio"][c].get(k)) is not None]
+    line per metric of ``PLOT_KEYS``, with the parity line (x1.0) and the +3% latency bound. A
+    record without patched plots the first other variant it has against stock (``MODES`` order);
+    empty without stock."""
+    other = "patched" if summary["ratio"] else next(
+        (v for v in MODES if v not in ("stock", "patched") and summary.get(f"ratio_{v}")), "patched")
+    ratio = summary["ratio"] if other == "patched" else summary[f"ratio_{other}"]
+    conc = sorted(ratio)
+    vals = [r for c in conc for k, _, _ in PLOT_KEYS if (r := ratio[c].get(k)) is not None]
     if not conc or not vals:
         return ""
     lo, hi = min(0.7, min(vals)), max(1.4, max(vals))
@@ -827,7 +834,7 @@ def plot_svg(summary: dict[str, Any], title: str) -> str:
     x = lambda i: left + (w - left - right) * (i / max(1, len(conc) - 1))  # noqa: E731
     y = lambda v: top + (h - top - bottom) * (hi - v) / (hi - lo)  # noqa: E731
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
-           'font-size="11">', f'<text x="{left}" y="16">{title} (patched vs stock, above 1 = better)</text>']
+           'font-size="11">', f'<text x="{left}" y="16">{title} ({other} vs stock, above 1 = better)</text>']
     for v, dash in ((1.0, ""), (1 / 1.03, ' stroke-dasharray="4 3"')):
         out.append(f'<line x1="{left}" x2="{w - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="black"{dash}/>')
     for v in sorted({round(lo, 1), 1.0, round(hi, 1)}):
@@ -836,7 +843,7 @@ def plot_svg(summary: dict[str, Any], title: str) -> str:
         out.append(f'<text x="{x(i):.1f}" y="{h - bottom + 16}" text-anchor="middle">{c}</text>')
     out.append(f'<text x="{(left + w - right) / 2:.0f}" y="{h - 4}" text-anchor="middle">max concurrency</text>')
     for n, (k, name, color) in enumerate(PLOT_KEYS):
-        pts = [(x(i), y(r)) for i, c in enumerate(conc) if (r := summary["ratio"][c].get(k)) is not None]
+        pts = [(x(i), y(r)) for i, c in enumerate(conc) if (r := ratio[c].get(k)) is not None]
         if not pts:
             continue
         out.append(f'<polyline data-metric="{k}" fill="none" stroke="{color}" stroke-width="2" points="'
@@ -1240,19 +1247,31 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
                   "boot (same prompts on both sides):", "", same]
     if plot is not None:
         plot.write_text(plot_svg(summary, f"{env['gpu']}, backend {env['config']['backend']}"))
-    sched = format_sched_table(summary)
-    if sched:
-        lines += ["", "Inside the scheduler (`--timeline`; ms, median over requests, then over boots; a prefill's "
-                  "first tokens leave at the end of its result processing):", "", sched]
-    outside = format_sched_table(summary, API_COLS)
-    if outside:
-        lines += ["", "Outside the scheduler (`--timeline`, the API server's own timestamps of each request; ms, "
-                  "median over requests, then over boots):", "", outside]
-    gpu = format_sched_table(summary, GPU_COLS)
-    if gpu:
-        lines += ["", "The GPU side of prefill launches (`--timeline` on CUDA: CUDA events on the forward stream; "
-                  "median or share over launches, then median over boots):", "", gpu]
+    for pair in sched_pairs(summary):
+        # stock -> patched keeps the headings of the records before; any other pair names itself.
+        of = "" if pair == ("stock", "patched") else f", {pair[0]} -> {pair[1]}"
+        sched = format_sched_table(summary, SCHED_COLS, pair)
+        if sched:
+            lines += ["", f"Inside the scheduler{of} (`--timeline`; ms, median over requests, then over boots; a "
+                      "prefill's first tokens leave at the end of its result processing):", "", sched]
+        outside = format_sched_table(summary, API_COLS, pair)
+        if outside:
+            lines += ["", f"Outside the scheduler{of} (`--timeline`, the API server's own timestamps of each "
+                      "request; ms, median over requests, then over boots):", "", outside]
+        gpu = format_sched_table(summary, GPU_COLS, pair)
+        if gpu:
+            lines += ["", f"The GPU side of prefill launches{of} (`--timeline` on CUDA: CUDA events on the forward "
+                      "stream; median or share over launches, then median over boots):", "", gpu]
     return "\n".join(lines) + "\n"
+
+
+def sched_pairs(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The pairs of variants the ``--timeline`` tables compare: stock against every other variant
+    the summary has, in ``MODES`` order; without stock, patched against every other one (a record
+    of the plugin against one of its switches)."""
+    have = [v for v in MODES if summary["variants"].get(v)]
+    base = "stock" if "stock" in have else "patched" if "patched" in have else None
+    return [(base, v) for v in have if base is not None and v != base]
 
 
 def record_model(doc: dict[str, Any]) -> str:

@@ -218,6 +218,15 @@ def test_merge_plots_the_ratios_above_parity_when_patched_is_better(tmp_path: Pa
     assert 'data-metric="median_itl_ms"' not in svg  # in PLOT_KEYS but no values: no line
 
 
+def test_plot_of_a_record_without_patched_draws_its_variant_against_stock() -> None:
+    runs = [_run("stock", 0, 30, 10, 1000), _run("patched-prefill-first", 0, 20, 8, 1250)]
+    summary = sb.summarize(runs)
+    svg = sb.plot_svg(summary, "t")
+    assert "(patched-prefill-first vs stock, above 1 = better)" in svg
+    assert 'data-metric="median_ttft_ms"' in svg
+    assert sb.plot_svg(sb.summarize([_run("patched", 0, 20, 8, 1250)]), "t") == ""  # no stock: nothing
+
+
 def test_upstream_runs_its_own_sglang_and_gets_its_own_table(tmp_path: Path) -> None:
     current, upstream = tmp_path / "site312", tmp_path / "site312-0.5.13"
     for site, version in ((current, "0.5.12.post1"), (upstream, "0.5.13")):
@@ -795,6 +804,21 @@ def test_summary_carries_the_schedulers_split_per_cell() -> None:
     assert sb.server_env(env, None) is env
     probe = sb.server_env(env, Path("/tmp/tl"))
     assert probe["SMOKE_SCHED_TIMELINE"] == "1" and probe["PYTHONPATH"].startswith(str(child_env.PROBE_DIR))
+
+
+def test_timeline_tables_compare_stock_or_patched_with_each_variant() -> None:
+    def run(variant: str, total: float) -> dict:
+        return {"variant": variant, "cells": {"1": {"median_ttft_ms": total, "sched": {"total_ms": total}}}}
+
+    both = sb.summarize([run("stock", 10.0), run("patched", 12.0), run("patched-prefill-first", 11.0)])
+    assert sb.sched_pairs(both) == [("stock", "patched"), ("stock", "patched-prefill-first")]
+    assert "| 1 | 10.00 -> 11.00 |" in sb.format_sched_table(both, sb.SCHED_COLS, ("stock", "patched-prefill-first"))
+    # A record of the plugin against one of its switches (no stock): patched is the base.
+    switch = sb.summarize([run("patched", 12.0), run("patched-prefill-first", 11.0)])
+    assert sb.sched_pairs(switch) == [("patched", "patched-prefill-first")]
+    assert "| 1 | 12.00 -> 11.00 |" in sb.format_sched_table(switch, sb.SCHED_COLS, ("patched", "patched-prefill-first"))
+    assert sb.format_sched_table(switch) == ""  # the default pair needs stock
+    assert sb.sched_pairs(sb.summarize([run("stock", 10.0)])) == []
 
 
 def test_ttft_breakdown_names_where_the_launch_after_a_prefill_waited() -> None:
