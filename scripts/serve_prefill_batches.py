@@ -1066,12 +1066,14 @@ def where_slow(launches: list[dict[str, Any]], fast_ms: float, cpu_cores: list[l
     return out
 
 
-def host_state_summary(rows: dict[str, list[dict[str, Any]]], variant: str = "patched") -> dict[str, list[dict[str, Any]]]:
+def host_state_summary(rows: dict[str, list[dict[str, Any]]], variant: str = "patched",
+                       base: str = "stock") -> dict[str, list[dict[str, Any]]]:
     """``rows`` (``host_state_rows``) pooled. ``variants``: per variant, its servers, the median
     of their fast levels and their slow shares (mean, min, max): does one side run slow more
-    often? ``cells``: per concurrency where both stock and ``variant`` have requests, per side
+    often? ``cells``: per concurrency where both ``base`` (stock unless told; patched for a
+    record of the plugin against one of its switches) and ``variant`` have requests, per side
     the requests, the share of them whose prefill ran slow, and the TTFT p50 of all of them, of
-    the fast-state ones and of the slow-state ones; ``ratio_*`` stock / variant (> 1: the
+    the fast-state ones and of the slow-state ones; ``ratio_*`` base / variant (> 1: the
     variant is faster), None where a side has no request in that state."""
     variants = []
     for v in sorted({s["variant"] for s in rows["servers"]}, key=lambda v: (v != "stock", v)):
@@ -1084,10 +1086,11 @@ def host_state_summary(rows: dict[str, list[dict[str, Any]]], variant: str = "pa
                          **{key: round(statistics.fmean(x), 3) if x else None for key, x in by_place.items()}})
     cells = []
     for c in sorted({r["concurrency"] for r in rows["requests"]}):
-        side = {v: [r for r in rows["requests"] if r["concurrency"] == c and r["variant"] == v] for v in ("stock", variant)}
+        side = {v: [r for r in rows["requests"] if r["concurrency"] == c and r["variant"] == v] for v in (base, variant)}
         if not all(side.values()):
             continue
-        row: dict[str, Any] = {"concurrency": c, "variant": variant, "requests": [len(side["stock"]), len(side[variant])],
+        row: dict[str, Any] = {"concurrency": c, "variant": variant, "base": base,
+                               "requests": [len(side[base]), len(side[variant])],
                                "slow_share": [round(sum(r["slow"] for r in x) / len(x), 3) for x in side.values()]}
         for key, pick in (("all", lambda r: True), ("fast", lambda r: not r["slow"]), ("slow", lambda r: r["slow"])):
             p50 = [records.quantile(t, 0.5) if t else None
@@ -1120,7 +1123,8 @@ def host_state_table(summary: dict[str, list[dict[str, Any]]], rows: dict[str, l
                      f"| {mean * 100:.0f}% ({lo * 100:.0f} - {hi * 100:.0f}%) "
                      f"| {share(v['first_cell_slow_share'])} / {share(v['later_slow_share'])} |")
     v = summary["cells"][0]["variant"] if summary["cells"] else "patched"
-    lines += ["", f"| conc | requests in one-request prefills (stock / {v}) | slow share | TTFT p50 ms, all "
+    b = summary["cells"][0].get("base", "stock") if summary["cells"] else "stock"
+    lines += ["", f"| conc | requests in one-request prefills ({b} / {v}) | slow share | TTFT p50 ms, all "
               "| fast state | slow state |", "|---|---|---|---|---|---|"]
 
     def pair(r: dict[str, Any], key: str) -> str:
@@ -1499,6 +1503,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: how the scheduler split each returning wave of requests into prefills: the "
                         "solo prefill that opens it, the poll that closes the second group, its size, TTFT")
     p.add_argument("--plot", type=Path, help="with --host-speed: also write an SVG of the cells and the fits there")
+    p.add_argument("--base", default="stock",
+                   help="with --host-states: the side --variant is set against (default stock; patched for a "
+                        "record of the plugin against one of its switches)")
     p.add_argument("--variant", default="patched",
                    help="with --strata or --host-speed: the variant set beside stock (default patched; e.g. "
                         "patched-mirror-relay)")
@@ -1506,6 +1513,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant != "patched" and not (args.strata or args.host_speed or args.host_states or args.token_times):
         print("serve_prefill_batches: --variant goes with --strata, --host-speed, --host-states or --token-times",
               file=sys.stderr)
+        return 2
+    if args.base != "stock" and not args.host_states:
+        print("serve_prefill_batches: --base goes with --host-states", file=sys.stderr)
         return 2
     if args.plot and not args.host_speed:
         print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
@@ -1559,7 +1569,7 @@ def main(argv: list[str] | None = None) -> int:
             print("serve_prefill_batches: no one-request prefill with its CPU time in these logs "
                   "(timelines before 2026-11-26 have none)", file=sys.stderr)
             return 1
-        summary = host_state_summary(states, args.variant)
+        summary = host_state_summary(states, args.variant, args.base)
         print(json.dumps({**states, **summary}, indent=1) if args.json else host_state_table(summary, states))
         return 0
     if args.host_speed:

@@ -945,6 +945,23 @@ def test_host_states_split_each_servers_prefills_into_its_fast_and_slow_state(tm
                                                                               spb.timelines(logs))]), "patched-x")))["cells"] == []
 
 
+def test_host_states_set_a_switch_against_patched_with_base(tmp_path: Path, capsys) -> None:
+    """A record of the plugin against one of its switches has no stock: ``--base patched``."""
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("patched", 0, {"2": 25.0, "4": 25.0}), ("patched-x", 1, {"2": 41.0, "4": 25.0})])))
+    fast, slow = [10.0] * 18, [10.0, 10.0, 18.0, 18.0, 18.0, 18.0] + [10.0] * 12
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/patched-boot0/timeline-1.json": {"events": _state_server(fast)},
+                                        "timeline/patched-x-boot1/timeline-2.json": {"events": _state_server(slow)}})
+    assert spb.main(["--host-states", "--variant", "patched-x", str(rec), str(logs)]) == 0
+    assert "| 2 |" not in capsys.readouterr().out  # against stock: no cells
+    assert spb.main(["--host-states", "--base", "patched", "--variant", "patched-x", str(rec), str(logs)]) == 0
+    table = capsys.readouterr().out
+    assert "| conc | requests in one-request prefills (patched / patched-x) |" in table
+    assert "| 2 | 4 / 4 | 0% -> 100% | 25.0 -> 41.0 (x0.610) | 25.00 -> - | - -> 41.00 |" in table
+    assert spb.main(["--strata", "--base", "patched", str(rec), str(logs)]) == 2
+    assert "--base goes with --host-states" in capsys.readouterr().err
+
+
 def test_host_states_say_on_which_physical_core_each_server_ran_slow_and_whether_it_was_preempted(
         tmp_path: Path, capsys) -> None:
     # patched's four slow prefills (cell 2) ended on CPU 5, the sibling of CPU 1 (one physical
