@@ -99,8 +99,7 @@ Groups (``--group``, with ``--cases`` their union): ``base`` (everything before 
 switched on explicitly; both on by default since 2026-11-26), ``fiplan`` (back-port 23 switched on
 with its check: FlashInfer, the device indptrs read back at every plan), ``mrelay`` (back-port 22's switch
 on: FlashInfer chains, the FA3 tree), ``released`` (decodes launched after the last result was
-processed, holding requests it freed: grammar requests on three backends, back-port 16's switch),
-``pbnb`` (back-port 27 switched on: five ``treev2`` cases, judged as those).
+processed, holding requests it freed: grammar requests on three backends, back-port 16's switch).
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -132,7 +131,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import fnmatch
 import hashlib
 import json
@@ -293,7 +291,7 @@ def all_cases() -> list[Case]:
         cases.append(Case(name, algorithm, "flashinfer", graph, pcg, profile, env=fiplan))
     return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + mla_cases()
             + tree_cases() + tree_v2_cases() + tree_v2_det_cases() + mirror_relay_cases()
-            + released_row_cases() + prefill_before_next_batch_cases())
+            + released_row_cases())
 
 
 #: The profiles that run the soak workload (GPU memory sampled, checked flat).
@@ -563,22 +561,6 @@ def released_row_cases() -> list[Case]:
                                         + (("SGLANG_FUTUREMAP_MIRROR_RELAY", "1"),)})]
 
 
-def prefill_before_next_batch_cases() -> list[Case]:
-    """Back-port 27 switched on (``SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH=1``; opt-in): a
-    tree's small prefill is processed before the next batch is built, so a request finished at
-    its prefill (the ``eos`` profiles) is filtered out before the decode. Trees on spec v2 judged
-    as their ``treev2`` cases (stock spec v1 with the same tree): the auto tree on FA3 + PCG, the
-    5 / 4 / 8 tree on FA3 + PCG, Triton with EOS churn, FlashInfer on spec v2 with radix-cache
-    prefixes, FA3 in pages of 16 with EOS churn."""
-    on = (("SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH", "1"),)
-    picked = ("treev2-auto-eagle3-default", "treev2-standalone-fa3-5x4x8-graph-pcg",
-              "treev2-eos-standalone-triton-3x4x16", "treev2-radix-standalone-flashinfer-5x4x8",
-              "treev2-eos-page16-standalone-fa3-3x4x16")
-    by_name = {c.name: c for c in tree_v2_cases()}
-    return [dataclasses.replace(by_name[n], name="pbnb-" + n.removeprefix("treev2-"), env=by_name[n].env + on)
-            for n in picked]
-
-
 #: Named case sets (``--group``): fnmatch patterns over case names.
 GROUPS: dict[str, tuple[str, ...]] = {
     "base": ("eagle3-*", "standalone-*", "retract-*", "soak-*", "text-*", "tp2-eagle3-*", "tp2-standalone-*",
@@ -598,7 +580,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "fiplan": ("fiplan-*",),
     "mrelay": ("mrelay-*",),
     "released": ("grammar-*", "pfirst-*"),
-    "pbnb": ("pbnb-*",),
 }
 
 

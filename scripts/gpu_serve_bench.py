@@ -92,7 +92,7 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          # both switched off: a tree as the plugin ran it before they became its default for trees
          "patched-tree-switches-off": ("strict", {"SGLANG_FUTUREMAP_MIRROR_RELAY": "0",
                                                   "SGLANG_FUTUREMAP_PREFILL_RESULT_FIRST": "0"}),
-         # back-port 27 switched on (opt-in): a tree's small prefill processed before the next batch is built
+         # back-port 27 switched on; taken out after the 2026-11-28 record (RETIRED_MODES): merge only
          "patched-prefill-before-next-batch": ("strict", {"SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH": "1"}),
          # SGLang's own switch on top of the plugin: consecutive prefills without overlap
          "patched-serial-prefills": ("strict", {"SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "1"})}
@@ -126,10 +126,18 @@ MODE_NOTES = {
     "patched-tree-switches-off": "the plugin with back-ports 22 and 16 switched off (=0): a tree as the plugin ran "
                                  "it before they became its default for trees; on a chain = patched",
     "patched-prefill-before-next-batch": "the plugin with back-port 27 switched on "
-                                         "(SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH=1): a tree's small prefill's "
-                                         "result processed before the next batch is built",
+                                         "(SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH=1; taken out of the plugin "
+                                         "after the 2026-11-28 record): a tree's small prefill's result processed "
+                                         "before the next batch is built",
     "patched-serial-prefills": "the plugin with SGLang's own SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP=1: a "
                                "prefill's result is processed before the next prefill is launched",
+}
+
+#: Variants whose switch the plugin no longer has: their records still merge, but a run would
+#: start the plugin as it ships under their name, so ``main`` refuses them.
+RETIRED_MODES = {
+    "patched-prefill-before-next-batch": "back-port 27 was taken out of the plugin after its GPU record "
+                                         "(results/serve-bench/h200x4-2026-11-28); it lives at commit 67600a0",
 }
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")
@@ -1361,7 +1369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in MODES]
     if unknown:
-        p.error(f"unknown variant(s) {unknown}; choose from {sorted(MODES)}")
+        p.error(f"unknown variant(s) {unknown}; choose from {sorted(set(MODES) - set(RETIRED_MODES))}")
+    retired = [v for v in variants if v in RETIRED_MODES]
+    if retired:
+        p.error(f"variant {retired[0]} is retired: {RETIRED_MODES[retired[0]]}")
     if args.pin_scheduler and not args.pin_cpus:
         p.error("--pin-scheduler goes with --pin-cpus (it splits each server's own CPU set)")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -142,19 +142,3 @@ def test_status_says_what_trees_get_from_back_ports_16_and_22(clean_state, capsy
     cli.main(["status"])
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("on trees:")]
     assert line == f"on trees: {expected}; unset: on for trees, off for chains; 0: off"
-
-
-@pytest.mark.parametrize("setting, expected", [
-    (None, "back-port 27 off (SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH=unset; 1: on for trees)"),
-    ("1", "back-port 27 on for trees (SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH=1; 1: on for trees)"),
-    ("yes", "back-port 27 off (SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH=yes; 1: on for trees)"),
-])
-def test_status_says_whether_the_opt_in_back_port_27_is_on(clean_state, capsys, monkeypatch,
-                                                            setting, expected):
-    if setting is None:
-        monkeypatch.delenv("SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH", raising=False)
-    else:
-        monkeypatch.setenv("SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH", setting)
-    cli.main(["status"])
-    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("opt-in:")]
-    assert line == f"opt-in:   {expected}"

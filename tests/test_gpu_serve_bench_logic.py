@@ -2095,14 +2095,16 @@ def test_run_server_pins_the_scheduler_apart_once_ready_and_stops_when_it_cannot
         sb.main(["--out", str(tmp_path / "o"), "--pin-scheduler"])
 
 
-def test_prefill_before_next_batch_variant_is_the_plugin_with_back_port_27_on() -> None:
-    """The opt-in back-port's serving variant: the plugin as it ships plus its one switch, and
-    its own line in the summary."""
-    from sglang_futuremap_patch.backports import prefill_before_next_batch
 
-    mode, env = sb.MODES["patched-prefill-before-next-batch"]
-    assert mode == "strict" and env == {prefill_before_next_batch.PREFILL_BEFORE_NEXT_BATCH_ENV: "1"}
-    assert "back-port 27" in sb.MODE_NOTES["patched-prefill-before-next-batch"]
-    # a patched server of any other variant runs without the switch, whatever the shell holds
-    base = {prefill_before_next_batch.PREFILL_BEFORE_NEXT_BATCH_ENV: "1"}
-    assert prefill_before_next_batch.PREFILL_BEFORE_NEXT_BATCH_ENV not in sb.variant_env("patched", base)
+def test_a_retired_variant_still_merges_but_never_runs(tmp_path: Path, capsys) -> None:
+    """Back-port 27 left the plugin after its record: that record's variant still has its table,
+    and a run under its name (which would start the plugin as it ships) is refused."""
+    from sglang_futuremap_patch.backports import SERIES
+
+    assert "prefill_before_next_batch" not in SERIES
+    assert set(sb.RETIRED_MODES) <= set(sb.MODES)
+    runs = [_run("stock", 0, 100, 10, 1000), _run("patched-prefill-before-next-batch", 0, 90, 8, 1250)]
+    assert sb.summarize(runs)["ratio_patched-prefill-before-next-batch"]
+    with pytest.raises(SystemExit):
+        sb.main(["--out", str(tmp_path / "o"), "--variants", "stock,patched-prefill-before-next-batch"])
+    assert "variant patched-prefill-before-next-batch is retired: back-port 27" in capsys.readouterr().err

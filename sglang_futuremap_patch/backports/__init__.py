@@ -35,7 +35,6 @@ SERIES: tuple[str, ...] = (
     "tree_kv_move_warmup",
     "decode_assign_warmup",
     "prefill_write_warmup",
-    "prefill_before_next_batch",
 )
 
 
