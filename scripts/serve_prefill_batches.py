@@ -65,7 +65,8 @@ sample): the functions whose time per launch differs most between the sides
 (``steady_functions``). ``--frames`` splits by the leaf frame alone, per concurrency. Stack
 samples favour the calls where the scheduler thread lets go of the GIL (a torch or CUDA call);
 ``--ftimes`` prints instead the exact host time per steady decode iteration of the functions the
-probe timed (a run with ``SMOKE_TIME_FUNCS=relay`` or a list of ``module:Qualname``; ``steady_ftimes``),
+probe timed (a run with ``SMOKE_TIME_FUNCS=relay`` or a list of ``module:Qualname``; ``steady_ftimes``;
+with ``--prefill``, per one-request prefill launch, for ``SMOKE_TIME_FUNCS=prefill``: ``prefill_ftimes``),
 per concurrency, stock beside each variant.
 
 ``--poll-wait`` prints instead, per concurrency and variant over every boot, how long each measured
@@ -81,6 +82,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import functools
 import itertools
 import json
 import re
@@ -786,12 +788,45 @@ def steady_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any
     return rows
 
 
-def ftimes_table(rows: list[dict[str, Any]]) -> str:
-    """Per concurrency, each timed function's ms and calls per steady decode iteration, stock
-    beside each other variant, largest difference first."""
-    out = ["Exact host time per steady decode iteration, by timed function (`--ftimes`: the probe's "
-           "`SMOKE_TIME_FUNCS` timers, inclusive; mean over iterations; ms, calls per iteration in brackets):", "",
-           "| conc | variant | iterations (stock / this) | launch to launch ms | function | stock ms | this ms | difference |",
+def prefill_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """Per concurrency and variant (``measured_windows``): the one-request prefill launches
+    (``run`` events of SGLang's extend mode with one request), their mean launch time
+    (``period_ms``: the ``run_batch`` itself), and per timed function its calls and ms per
+    launch, from the launch's ``ftimes`` (the probe's exact timers since the previous launch
+    ended: the poll, the batch's build and this launch). The same rows as ``steady_ftimes``: where
+    a longer prefill launch spends its host time, at one request on both sides (no size mix)."""
+    pooled: dict[tuple[int, str], dict[str, Any]] = {}
+    windows = (w for record, by_run in pairs for w in measured_windows(record, by_run))
+    for run, events, c, t_lo, t_hi in windows:
+        for r in events:
+            if not (r["kind"] == "run" and t_lo <= r["t"] < t_hi and "ftimes" in r and r["extend"] and r["bs"] == 1):
+                continue
+            acc = pooled.setdefault((c, run["variant"]), {"n": 0, "period": [], "calls": collections.Counter(),
+                                                        "ms": collections.Counter()})
+            acc["n"] += 1
+            acc["period"].append(r["t1"] - r["t"])
+            for name, (calls, ms) in r["ftimes"].items():
+                acc["calls"][name] += calls
+                acc["ms"][name] += ms
+    rows = []
+    for (c, v), acc in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0])):
+        n = acc["n"]
+        rows.append({"concurrency": c, "variant": v, "iterations": n,
+                     "period_ms": round(statistics.fmean(acc["period"]) * 1e3, 3),
+                     "functions": {f: {"calls": round(acc["calls"][f] / n, 3), "ms": round(acc["ms"][f] / n, 4)}
+                                   for f in sorted(acc["ms"], key=lambda f: (-acc["ms"][f], f))}})
+    return rows
+
+
+def ftimes_table(rows: list[dict[str, Any]], prefill: bool = False) -> str:
+    """Per concurrency, each timed function's ms and calls per steady decode iteration (with
+    ``prefill``: per one-request prefill launch, ``prefill_ftimes``), stock beside each other
+    variant, largest difference first."""
+    what, unit, period = (("one-request prefill launch", "launches", "launch ms") if prefill
+                          else ("steady decode iteration", "iterations", "launch to launch ms"))
+    out = [f"Exact host time per {what}, by timed function (`--ftimes`: the probe's "
+           f"`SMOKE_TIME_FUNCS` timers, inclusive; mean over {unit}; ms, calls per {unit[:-1]} in brackets):", "",
+           f"| conc | variant | {unit} (stock / this) | {period} | function | stock ms | this ms | difference |",
            "|---|---|---|---|---|---|---|---|"]
     by_c: dict[int, dict[str, dict[str, Any]]] = {}
     for r in rows:
@@ -1482,6 +1517,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ftimes", action="store_true",
                    help="instead: exact host time per steady decode iteration of the functions the probe timed "
                         "(SMOKE_TIME_FUNCS), per concurrency, stock beside each variant")
+    p.add_argument("--prefill", action="store_true",
+                   help="with --ftimes: per one-request prefill launch instead of per steady decode iteration "
+                        "(a run with SMOKE_TIME_FUNCS=prefill)")
     p.add_argument("--compiles", action="store_true",
                    help="instead: the Triton JIT compiles in the scheduler's process, per variant, kernel and caller")
     p.add_argument("--host-speed", action="store_true",
@@ -1513,6 +1551,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant != "patched" and not (args.strata or args.host_speed or args.host_states or args.token_times):
         print("serve_prefill_batches: --variant goes with --strata, --host-speed, --host-states or --token-times",
               file=sys.stderr)
+        return 2
+    if args.prefill and not args.ftimes:
+        print("serve_prefill_batches: --prefill goes with --ftimes", file=sys.stderr)
         return 2
     if args.base != "stock" and not args.host_states:
         print("serve_prefill_batches: --base goes with --host-states", file=sys.stderr)
@@ -1549,8 +1590,9 @@ def main(argv: list[str] | None = None) -> int:
             key, table_of, missing = "frames", frames_table, "sampled steady decodes"
             rows = steady_frames([(record, by_run) for _, record, by_run in pairs])
         elif args.ftimes:
-            key, table_of, missing = "ftimes", ftimes_table, "timed functions (SMOKE_TIME_FUNCS)"
-            rows = steady_ftimes([(record, by_run) for _, record, by_run in pairs])
+            key, missing = "ftimes", "timed functions (SMOKE_TIME_FUNCS)"
+            table_of = functools.partial(ftimes_table, prefill=args.prefill)
+            rows = (prefill_ftimes if args.prefill else steady_ftimes)([(record, by_run) for _, record, by_run in pairs])
         elif args.functions:
             key, table_of, missing = "functions", functions_table, "sampled steady decodes"
             rows = steady_functions([(record, by_run) for _, record, by_run in pairs])

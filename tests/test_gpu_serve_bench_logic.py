@@ -2108,3 +2108,27 @@ def test_a_retired_variant_still_merges_but_never_runs(tmp_path: Path, capsys) -
     with pytest.raises(SystemExit):
         sb.main(["--out", str(tmp_path / "o"), "--variants", "stock,patched-prefill-before-next-batch"])
     assert "variant patched-prefill-before-next-batch is retired: back-port 27" in capsys.readouterr().err
+
+
+def test_the_prefill_preset_names_functions_stock_sglang_has() -> None:
+    """``SMOKE_TIME_FUNCS=prefill`` expands to ``PREFILL_FUNCS``, and each of them is a function
+    of the SGLang this project patches, or one the plugin adds (a misspelt name would only be
+    listed as missing on the GPU box, on both sides, and time nothing)."""
+    import importlib
+
+    from sglang_futuremap_patch.backports import publish_stash
+
+    assert st.timed_function_names("prefill, relay") == tuple(dict.fromkeys((*st.PREFILL_FUNCS, *st.RELAY_FUNCS)))
+    stock_lacks = []
+    for name in st.PREFILL_FUNCS:
+        module, qualname = name.split(":")
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part, None)
+        if obj is None:
+            stock_lacks.append(qualname)
+        else:
+            assert callable(obj), name
+    # what stock lacks is the FutureMap's publish / stash, which back-port 2 installs
+    assert stock_lacks == ["FutureMap.publish", "FutureMap.stash"]
+    assert callable(publish_stash.publish) and callable(publish_stash.stash)

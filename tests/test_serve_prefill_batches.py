@@ -868,6 +868,46 @@ def test_ftimes_pool_whole_steady_iterations_per_concurrency_stock_beside_patche
     assert "no timed functions" in capsys.readouterr().err
 
 
+def test_ftimes_prefill_pools_one_request_prefill_launches_stock_beside_patched(tmp_path: Path, capsys) -> None:
+    """``--ftimes --prefill`` takes the one-request prefill launches of each cell's window (not
+    larger prefills, not decodes, not launches outside the cell), their mean launch time and
+    each timed function's ms and calls per launch."""
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 10.0, "4": 40.0}), ("patched", 0, {"2": 10.0, "4": 40.0})])))
+    cells = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
+
+    def side(patched: bool) -> list[dict]:
+        ev = _events(cells)
+        t = 0.1  # cell 4's measured window starts at t = 0.05
+        for k, launch in enumerate((0.010, 0.014)):
+            own = {"ScheduleBatch.prepare_for_extend": [1, 1.0 + k], "ModelRunner.forward": [2, 5.0]}
+            if patched:
+                own["FutureMap.publish"] = [1, 0.5]
+            ev.append({"kind": "run", "t": t + 0.05 * k, "t1": t + 0.05 * k + launch, "mode": "EXTEND",
+                       "extend": True, "bs": 1, "rids": [f"z{k}"], "ftimes": own})
+        ev.append({"kind": "run", "t": t + 0.2, "t1": t + 0.23, "mode": "EXTEND", "extend": True, "bs": 2,
+                   "rids": ["y1", "y2"], "ftimes": {"ModelRunner.forward": [2, 99.0]}})
+        ev.append({"kind": "run", "t": t + 0.3, "t1": t + 0.31, "mode": "DECODE", "extend": False, "bs": 3,
+                   "ftimes": {"ModelRunner.forward": [1, 77.0]}})
+        return sorted(ev, key=lambda e: e["t"])
+
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": side(False)},
+                                        "timeline/patched-boot0/timeline-2.json": {"events": side(True)}})
+    assert spb.main(["--ftimes", "--prefill", "--json", str(rec), str(logs)]) == 0
+    rows = json.loads(capsys.readouterr().out)["ftimes"]
+    stock, patched = [r for r in rows if r["concurrency"] == 4]
+    assert (stock["variant"], stock["iterations"], stock["period_ms"]) == ("stock", 2, 12.0)
+    assert stock["functions"] == {"ModelRunner.forward": {"calls": 2.0, "ms": 5.0},
+                                  "ScheduleBatch.prepare_for_extend": {"calls": 1.0, "ms": 1.5}}
+    assert patched["functions"]["FutureMap.publish"] == {"calls": 1.0, "ms": 0.5}
+    assert spb.main(["--ftimes", "--prefill", str(rec), str(logs)]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("Exact host time per one-request prefill launch, by timed function")
+    assert "| 4 | patched | 2 / 2 | 12.00 -> 12.00 | FutureMap.publish | - | 0.500 (1) | +0.500 |" in table
+    assert spb.main(["--prefill", str(rec), str(logs)]) == 2
+    assert "--prefill goes with --ftimes" in capsys.readouterr().err
+
+
 def test_profile_relay_host_times_each_relay_function_of_an_eager_decode(spec_future_map) -> None:
     """``scripts/profile_relay_host.py``'s relay part on CPU: SGLang's FutureMap as patched, an
     eager decode batch (above ``--graph-bs``) through the six relay functions in the scheduler's

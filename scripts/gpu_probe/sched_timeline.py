@@ -164,13 +164,41 @@ RELAY_FUNCS = tuple(
 )
 
 
+#: The path of a prefill launch and of the iteration that builds it, on both sides
+#: (``SMOKE_TIME_FUNCS=prefill``; ``serve_prefill_batches.py --ftimes --prefill``): where a longer
+#: one-request prefill launch spends its host time. ``run_batch`` itself is the ``run`` event.
+PREFILL_FUNCS = tuple(
+    f"{module}:{name}"
+    for module, names in (
+        ("sglang.srt.managers.scheduler", (
+            "Scheduler.recv_requests", "Scheduler.process_input_requests", "Scheduler.get_next_batch_to_run",
+            "Scheduler.get_new_batch_prefill")),
+        ("sglang.srt.managers.schedule_batch", (
+            "ScheduleBatch.prepare_for_extend", "ScheduleBatch.get_model_worker_batch")),
+        ("sglang.srt.managers.overlap_utils", (
+            "FutureMap.alloc_future_indices", "FutureMap.store_to_map", "FutureMap.resolve_future",
+            "FutureMap.publish", "FutureMap.stash")),
+        ("sglang.srt.managers.tp_worker", ("TpModelWorker.forward_batch_generation",)),
+        ("sglang.srt.speculative.eagle_worker_v2", (
+            "EAGLEWorkerV2.forward_batch_generation", "EagleDraftWorker._draft_extend_for_prefill")),
+        ("sglang.srt.model_executor.forward_batch_info", ("ForwardBatch.init_new",)),
+        ("sglang.srt.layers.attention.flashattention_backend", ("FlashAttentionBackend.init_forward_metadata",)),
+        ("sglang.srt.model_executor.model_runner", ("ModelRunner.forward",)),
+    )
+    for name in names
+)
+
+
 def timed_function_names(value: str | None) -> tuple[str, ...]:
-    """``SMOKE_TIME_FUNCS`` as a list of ``module:Qualname`` (``relay``: ``RELAY_FUNCS``)."""
+    """``SMOKE_TIME_FUNCS`` as a list of ``module:Qualname`` (``relay``: ``RELAY_FUNCS``;
+    ``prefill``: ``PREFILL_FUNCS``)."""
     names: list[str] = []
     for item in (value or "").split(","):
         item = item.strip()
         if item == "relay":
             names.extend(RELAY_FUNCS)
+        elif item == "prefill":
+            names.extend(PREFILL_FUNCS)
         elif item:
             names.append(item)
     return tuple(dict.fromkeys(names))
