@@ -2121,14 +2121,49 @@ def test_the_prefill_preset_names_functions_stock_sglang_has() -> None:
     assert st.timed_function_names("prefill, relay") == tuple(dict.fromkeys((*st.PREFILL_FUNCS, *st.RELAY_FUNCS)))
     stock_lacks = []
     for name in st.PREFILL_FUNCS:
+        # looked up as the probe does: where it is defined (a class's own __dict__)
         module, qualname = name.split(":")
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part, None)
-        if obj is None:
+        *path, attr = qualname.split(".")
+        owner = importlib.import_module(module)
+        for part in path:
+            owner = getattr(owner, part)
+        fn = vars(owner).get(attr)
+        if fn is None:
             stock_lacks.append(qualname)
         else:
-            assert callable(obj), name
+            assert callable(getattr(fn, "__func__", fn)), name
     # what stock lacks is the FutureMap's publish / stash, which back-port 2 installs
     assert stock_lacks == ["FutureMap.publish", "FutureMap.stash"]
     assert callable(publish_stash.publish) and callable(publish_stash.stash)
+
+
+def test_probe_times_class_and_static_methods_and_keeps_them_so(tmp_path: Path, monkeypatch) -> None:
+    """``ForwardBatch.init_new`` is a classmethod: the probe times it and it stays one (called
+    on the class and on an instance alike), as does a staticmethod; other threads' calls are
+    not counted."""
+    import threading
+    import types
+
+    mod = types.ModuleType("ftimes_kinds")
+
+    class Batch:
+        @classmethod
+        def init_new(cls, n):
+            return (cls, n)
+
+        @staticmethod
+        def size(n):
+            return n * 2
+
+    mod.Batch = Batch
+    monkeypatch.setitem(sys.modules, "ftimes_kinds", mod)
+    tl = st.Timeline(str(tmp_path))
+    tl.time_functions(("ftimes_kinds:Batch.init_new", "ftimes_kinds:Batch.size"), threading.get_ident())
+    assert isinstance(vars(Batch)["init_new"], classmethod) and isinstance(vars(Batch)["size"], staticmethod)
+    assert Batch.init_new(3) == (Batch, 3) and Batch().init_new(4) == (Batch, 4)
+    assert Batch.size(5) == 10 and Batch().size(1) == 2
+    other = threading.Thread(target=lambda: Batch.init_new(9))
+    other.start()
+    other.join()
+    assert tl.ftimes["Batch.init_new"][0] == 2 and tl.ftimes["Batch.size"][0] == 2
+    assert [e["names"] for e in tl.events if e["kind"] == "ftime_missing"] == [[]]

@@ -742,8 +742,9 @@ class Timeline:
 
     def time_functions(self, names: Sequence[str], tid: int) -> None:
         """Wrap each ``module:Qualname`` in ``names`` (looked up where it is defined: a class's own
-        ``__dict__`` or a module's globals) so that its calls on thread ``tid`` add to
-        ``self.ftimes``; the names not found go into one ``ftime_missing`` event."""
+        ``__dict__`` or a module's globals; a class or static method stays one, e.g.
+        ``ForwardBatch.init_new``) so that its calls on thread ``tid`` add to ``self.ftimes``; the
+        names not found go into one ``ftime_missing`` event."""
         import importlib
 
         missing = []
@@ -758,10 +759,13 @@ class Timeline:
             except (ImportError, AttributeError, KeyError, TypeError):
                 missing.append(spec)
                 continue
-            if not callable(fn) or isinstance(fn, (staticmethod, classmethod)):
+            kind = type(fn) if isinstance(fn, (staticmethod, classmethod)) else None
+            inner = fn.__func__ if kind is not None else fn
+            if not callable(inner):
                 missing.append(spec)
                 continue
-            setattr(owner, attr, self._timed(qualname, fn, tid))
+            timed = self._timed(qualname, inner, tid)
+            setattr(owner, attr, kind(timed) if kind is not None else timed)
         if names:
             self.add({"kind": "ftime_missing", "t": time.time(), "names": missing})
 
