@@ -759,25 +759,19 @@ def functions_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def steady_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
-    """Per concurrency and variant (``measured_windows``): the steady decode iterations, a
-    decode launch whose previous launch was a decode too (so its ``run`` event's ``ftimes``, the
-    probe's exact timers since the previous launch ended, cover one whole iteration), their mean
-    launch-to-launch time, and per timed function its calls and ms per iteration."""
+def _ftime_rows(picked: Iterator[tuple[int, str, float, dict[str, list[float]]]]) -> list[dict[str, Any]]:
+    """``picked`` (concurrency, variant, period in s, ``ftimes`` of one launch) pooled per
+    concurrency and variant: how many, the mean period (ms) and each timed function's calls and
+    ms per launch, largest first."""
     pooled: dict[tuple[int, str], dict[str, Any]] = {}
-    windows = (w for record, by_run in pairs for w in measured_windows(record, by_run))
-    for run, events, c, t_lo, t_hi in windows:
-        runs = [e for e in events if e["kind"] == "run"]
-        for prev, r, nxt in zip(runs, runs[1:], runs[2:]):
-            if not (t_lo <= r["t"] < t_hi and "ftimes" in r and r["mode"] == "DECODE" and prev["mode"] == "DECODE"):
-                continue
-            acc = pooled.setdefault((c, run["variant"]), {"n": 0, "period": [], "calls": collections.Counter(),
-                                                        "ms": collections.Counter()})
-            acc["n"] += 1
-            acc["period"].append(nxt["t"] - r["t"])
-            for name, (calls, ms) in r["ftimes"].items():
-                acc["calls"][name] += calls
-                acc["ms"][name] += ms
+    for c, variant, period, ftimes in picked:
+        acc = pooled.setdefault((c, variant), {"n": 0, "period": [], "calls": collections.Counter(),
+                                               "ms": collections.Counter()})
+        acc["n"] += 1
+        acc["period"].append(period)
+        for name, (calls, ms) in ftimes.items():
+            acc["calls"][name] += calls
+            acc["ms"][name] += ms
     rows = []
     for (c, v), acc in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0])):
         n = acc["n"]
@@ -786,6 +780,20 @@ def steady_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any
                      "functions": {f: {"calls": round(acc["calls"][f] / n, 3), "ms": round(acc["ms"][f] / n, 4)}
                                    for f in sorted(acc["ms"], key=lambda f: (-acc["ms"][f], f))}})
     return rows
+
+
+def steady_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """Per concurrency and variant (``measured_windows``): the steady decode iterations, a
+    decode launch whose previous launch was a decode too (so its ``run`` event's ``ftimes``, the
+    probe's exact timers since the previous launch ended, cover one whole iteration), their mean
+    launch-to-launch time, and per timed function its calls and ms per iteration."""
+    def picked() -> Iterator[tuple[int, str, float, dict[str, list[float]]]]:
+        for run, events, c, t_lo, t_hi in (w for record, by_run in pairs for w in measured_windows(record, by_run)):
+            runs = [e for e in events if e["kind"] == "run"]
+            for prev, r, nxt in zip(runs, runs[1:], runs[2:]):
+                if t_lo <= r["t"] < t_hi and "ftimes" in r and r["mode"] == "DECODE" and prev["mode"] == "DECODE":
+                    yield c, run["variant"], nxt["t"] - r["t"], r["ftimes"]
+    return _ftime_rows(picked())
 
 
 def prefill_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
@@ -795,27 +803,12 @@ def prefill_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, An
     launch, from the launch's ``ftimes`` (the probe's exact timers since the previous launch
     ended: the poll, the batch's build and this launch). The same rows as ``steady_ftimes``: where
     a longer prefill launch spends its host time, at one request on both sides (no size mix)."""
-    pooled: dict[tuple[int, str], dict[str, Any]] = {}
-    windows = (w for record, by_run in pairs for w in measured_windows(record, by_run))
-    for run, events, c, t_lo, t_hi in windows:
-        for r in events:
-            if not (r["kind"] == "run" and t_lo <= r["t"] < t_hi and "ftimes" in r and r["extend"] and r["bs"] == 1):
-                continue
-            acc = pooled.setdefault((c, run["variant"]), {"n": 0, "period": [], "calls": collections.Counter(),
-                                                        "ms": collections.Counter()})
-            acc["n"] += 1
-            acc["period"].append(r["t1"] - r["t"])
-            for name, (calls, ms) in r["ftimes"].items():
-                acc["calls"][name] += calls
-                acc["ms"][name] += ms
-    rows = []
-    for (c, v), acc in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0])):
-        n = acc["n"]
-        rows.append({"concurrency": c, "variant": v, "iterations": n,
-                     "period_ms": round(statistics.fmean(acc["period"]) * 1e3, 3),
-                     "functions": {f: {"calls": round(acc["calls"][f] / n, 3), "ms": round(acc["ms"][f] / n, 4)}
-                                   for f in sorted(acc["ms"], key=lambda f: (-acc["ms"][f], f))}})
-    return rows
+    def picked() -> Iterator[tuple[int, str, float, dict[str, list[float]]]]:
+        for run, events, c, t_lo, t_hi in (w for record, by_run in pairs for w in measured_windows(record, by_run)):
+            for r in events:
+                if r["kind"] == "run" and t_lo <= r["t"] < t_hi and "ftimes" in r and r["extend"] and r["bs"] == 1:
+                    yield c, run["variant"], r["t1"] - r["t"], r["ftimes"]
+    return _ftime_rows(picked())
 
 
 def ftimes_table(rows: list[dict[str, Any]], prefill: bool = False) -> str:

@@ -8,6 +8,7 @@ import json
 import sys
 import tarfile
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -823,17 +824,25 @@ def test_functions_count_every_function_on_a_samples_stack_and_match_edited_fram
     assert spb.main(["--functions", "--frames", str(rec), str(logs)]) == 2
 
 
+def _ftimes_case(tmp_path: Path, launches: Callable[[bool, float], list[dict]]) -> tuple[Path, Path, list[list[str]]]:
+    """A record of one stock and one patched server over ``_events``' cells, each timeline with
+    ``launches(patched, t)`` added from ``t`` on (inside cell 4's measured window, which starts
+    at 0.05): the record, the logs and the cells."""
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(_record([("stock", 0, {"2": 10.0, "4": 40.0}), ("patched", 0, {"2": 10.0, "4": 40.0})])))
+    cells = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
+    sides = {v: sorted(_events(cells) + launches(v == "patched", 0.1), key=lambda e: e["t"]) for v in ("stock", "patched")}
+    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": sides["stock"]},
+                                        "timeline/patched-boot0/timeline-2.json": {"events": sides["patched"]}})
+    return rec, logs, cells
+
+
 def test_ftimes_pool_whole_steady_iterations_per_concurrency_stock_beside_patched(tmp_path: Path, capsys) -> None:
     """``--ftimes`` takes a decode launch whose previous launch was a decode too (its ``ftimes``
     then cover one whole iteration), averages each timed function's ms and calls over those
     iterations, and leaves out the decode right after a prefill and launches outside the cell."""
-    rec = tmp_path / "r.json"
-    rec.write_text(json.dumps(_record([("stock", 0, {"2": 10.0, "4": 40.0}), ("patched", 0, {"2": 10.0, "4": 40.0})])))
-    cells = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
-
-    def side(patched: bool) -> list[dict]:
-        ev = _events(cells)
-        t = 0.1  # cell 4's measured window starts at t = 0.05
+    def launches(patched: bool, t: float) -> list[dict]:
+        ev = []
         ev.append({"kind": "run", "t": t, "t1": t + 0.01, "mode": "EXTEND", "extend": True, "bs": 2,
                    "rids": ["z1", "z2"], "ftimes": {"FutureMap.publish": [1, 50.0]}})
         for k in range(1, 5):  # k = 1 is the decode right after the prefill: left out
@@ -844,10 +853,9 @@ def test_ftimes_pool_whole_steady_iterations_per_concurrency_stock_beside_patche
                 own["FutureMap.resolve_future"] = [1, 99.0]
             ev.append({"kind": "run", "t": t + 0.02 * k, "t1": t + 0.02 * k + 0.015, "mode": "DECODE",
                        "extend": False, "bs": 8, "ftimes": own})
-        return sorted(ev, key=lambda e: e["t"])
+        return ev
 
-    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": side(False)},
-                                        "timeline/patched-boot0/timeline-2.json": {"events": side(True)}})
+    rec, logs, cells = _ftimes_case(tmp_path, launches)
     assert spb.main(["--ftimes", "--json", str(rec), str(logs)]) == 0
     rows = json.loads(capsys.readouterr().out)["ftimes"]
     stock, patched = [r for r in rows if r["concurrency"] == 4]
@@ -872,13 +880,8 @@ def test_ftimes_prefill_pools_one_request_prefill_launches_stock_beside_patched(
     """``--ftimes --prefill`` takes the one-request prefill launches of each cell's window (not
     larger prefills, not decodes, not launches outside the cell), their mean launch time and
     each timed function's ms and calls per launch."""
-    rec = tmp_path / "r.json"
-    rec.write_text(json.dumps(_record([("stock", 0, {"2": 10.0, "4": 40.0}), ("patched", 0, {"2": 10.0, "4": 40.0})])))
-    cells = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
-
-    def side(patched: bool) -> list[dict]:
-        ev = _events(cells)
-        t = 0.1  # cell 4's measured window starts at t = 0.05
+    def launches(patched: bool, t: float) -> list[dict]:
+        ev = []
         for k, launch in enumerate((0.010, 0.014)):
             own = {"ScheduleBatch.prepare_for_extend": [1, 1.0 + k], "ModelRunner.forward": [2, 5.0]}
             if patched:
@@ -889,10 +892,9 @@ def test_ftimes_prefill_pools_one_request_prefill_launches_stock_beside_patched(
                    "rids": ["y1", "y2"], "ftimes": {"ModelRunner.forward": [2, 99.0]}})
         ev.append({"kind": "run", "t": t + 0.3, "t1": t + 0.31, "mode": "DECODE", "extend": False, "bs": 3,
                    "ftimes": {"ModelRunner.forward": [1, 77.0]}})
-        return sorted(ev, key=lambda e: e["t"])
+        return ev
 
-    logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": side(False)},
-                                        "timeline/patched-boot0/timeline-2.json": {"events": side(True)}})
+    rec, logs, _ = _ftimes_case(tmp_path, launches)
     assert spb.main(["--ftimes", "--prefill", "--json", str(rec), str(logs)]) == 0
     rows = json.loads(capsys.readouterr().out)["ftimes"]
     stock, patched = [r for r in rows if r["concurrency"] == 4]
