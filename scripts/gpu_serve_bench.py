@@ -1226,6 +1226,7 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
              + ("; each scheduler process on a physical core of its own, the rest of the server and its client "
                 "on the others (--pin-scheduler)" if env["config"].get("pin_scheduler") else ""),
              "",
+             *record_differences(docs),
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
              "Latency cells more than 3% worse patched: " + ("; ".join(worse) if worse else "none")]
@@ -1280,6 +1281,39 @@ def sched_pairs(summary: dict[str, Any]) -> list[tuple[str, str]]:
     have = [v for v in MODES if summary["variants"].get(v)]
     base = "stock" if "stock" in have else "patched" if "patched" in have else None
     return [(base, v) for v in have if base is not None and v != base]
+
+
+#: What the summary's first line says of a record (``environment`` keys; ``config.`` ones inside
+#: its config), in that line's words, for ``record_differences``.
+HEADER_FIELDS = (("date", "date"), ("gpu", "GPU"), ("sglang", "SGLang"), ("config.backend", "backend"),
+                 ("config.server_args", "server arguments"), ("config.dataset", "dataset"),
+                 ("config.gpus", "GPUs"), ("config.freeze_gc", "--freeze-gc"), ("config.probe_env", "probe settings"),
+                 ("config.pin_cpus", "--pin-cpus"), ("config.pin_scheduler", "--pin-scheduler"))
+
+
+def record_differences(docs: Sequence[dict[str, Any]]) -> list[str]:
+    """Where the merged records differ in what the summary's first line says (that line is the
+    first record's): one sentence and a blank line, or nothing when they agree (or one record)."""
+    def value(doc: dict[str, Any], key: str) -> str:
+        node: Any = doc["environment"]
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key == "config.pin_cpus":  # as the first line writes it
+            return ", ".join(f"{('GPU ' + k) if k else 'servers'} {v}" for k, v in node.items()) or "-"
+        if isinstance(node, dict):
+            return ", ".join(f"{k} {v}" for k, v in node.items()) or "-"
+        if isinstance(node, list):
+            return " ".join(map(str, node)) or "-"
+        return "-" if node in (None, False, "") else str(node)
+
+    parts = []
+    for key, name in HEADER_FIELDS:
+        seen = list(dict.fromkeys(value(d, key) for d in docs))
+        if len(seen) > 1:
+            parts.append(f"{name} {' / '.join(seen)}")
+    if not parts:
+        return []
+    return [f"The records differ in (the line above is the first record's): {'; '.join(parts)}.", ""]
 
 
 def record_model(doc: dict[str, Any]) -> str:

@@ -2167,3 +2167,22 @@ def test_probe_times_class_and_static_methods_and_keeps_them_so(tmp_path: Path, 
     other.join()
     assert tl.ftimes["Batch.init_new"][0] == 2 and tl.ftimes["Batch.size"][0] == 2
     assert [e["names"] for e in tl.events if e["kind"] == "ftime_missing"] == [[]]
+
+
+def test_merge_says_where_its_records_differ_from_the_first_ones_line(tmp_path: Path) -> None:
+    """The summary's first line is the first record's; records from another day or another core
+    split get one sentence naming each difference, and records that agree get none."""
+    def record(name: str, date: str, pin: dict[str, str]) -> Path:
+        runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250)]
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"environment": {"date": date, "gpu": "g", "sglang": "v", "config": {
+            "backend": "fa3", "server_args": [], "pin_cpus": pin}}, "runs": runs}))
+        return path
+
+    a = record("a", "2026-11-27", {"0": "0-15", "1": "16-31"})
+    b = record("b", "2026-11-28", {"0": "0-31", "1": "32-63"})
+    c = record("c", "2026-11-27", {"0": "0-15", "1": "16-31"})
+    text = sb.merge([a, b])
+    assert text.splitlines()[2] == ("The records differ in (the line above is the first record's): date 2026-11-27 / "
+                                    "2026-11-28; --pin-cpus GPU 0 0-15, GPU 1 16-31 / GPU 0 0-31, GPU 1 32-63.")
+    assert "differ in" not in sb.merge([a, c]) and "differ in" not in sb.merge([a])
