@@ -21,17 +21,6 @@ class _StopLoop(Exception):
     pass
 
 
-def _polls(answers: deque):
-    """``recv_requests`` handing out ``answers`` one poll at a time; then it stops the loop."""
-
-    def recv_requests():
-        if not answers:
-            raise _StopLoop
-        return answers.popleft()
-
-    return recv_requests
-
-
 class _Event:
     """``copy_done`` of a result: done or not; the loop must never wait on it here."""
 
@@ -251,7 +240,12 @@ def _run_from_idle(prompt_tokens: int, done: bool) -> list[str]:
     ``copy_done`` has completed when the loop asks."""
     sched = loop_scheduler()
     log: list[str] = []
-    waiting = []
+    answers, waiting = deque([["A"], [], [], []]), []
+
+    def recv_requests():
+        if not answers:
+            raise _StopLoop
+        return answers.popleft()
 
     def get_new_batch_prefill():
         if not waiting:
@@ -265,7 +259,7 @@ def _run_from_idle(prompt_tokens: int, done: bool) -> list[str]:
         log.append(f"launch {batch.name}")
         return SimpleNamespace(copy_done=_Event(done if batch.name == "P" else False))
 
-    sched.recv_requests = _polls(deque([["A"], [], [], []]))
+    sched.recv_requests = recv_requests
     sched.process_input_requests = lambda reqs: waiting.extend(reqs)
     sched.get_new_batch_prefill = get_new_batch_prefill
     sched.running_batch = _Batch("-", [])
