@@ -477,6 +477,25 @@ def gpu_event() -> Any:
     return torch.cuda.Event(enable_timing=True)
 
 
+def find_timed_function(spec: str) -> tuple[Any, str, Any] | None:
+    """``module:Qualname`` looked up where it is defined (a class's own ``__dict__`` or a
+    module's globals, so an inherited method is not found on a subclass): its owner, its name
+    there and the object (a class or static method as such), or None where it is not found or is
+    not callable."""
+    import importlib
+
+    module_name, _, qualname = spec.partition(":")
+    *path, attr = qualname.split(".")
+    try:
+        owner: Any = importlib.import_module(module_name)
+        for part in path:
+            owner = getattr(owner, part)
+        fn = vars(owner)[attr]
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return None
+    return (owner, attr, fn) if callable(getattr(fn, "__func__", fn)) else None
+
+
 def on_thread_timed(fn: Any, tid: int, done: Any, clock: Any) -> Any:
     """``fn`` wrapped so that a call on thread ``tid`` is timed with ``clock`` and reported as
     ``done(t0, t1)`` (called inside the wrapper: ``sys._getframe(2)`` there is the caller);
@@ -741,30 +760,18 @@ class Timeline:
                          name="sched-timeline-sampler", daemon=True).start()
 
     def time_functions(self, names: Sequence[str], tid: int) -> None:
-        """Wrap each ``module:Qualname`` in ``names`` (looked up where it is defined: a class's own
-        ``__dict__`` or a module's globals; a class or static method stays one, e.g.
-        ``ForwardBatch.init_new``) so that its calls on thread ``tid`` add to ``self.ftimes``; the
-        names not found go into one ``ftime_missing`` event."""
-        import importlib
-
+        """Wrap each ``module:Qualname`` in ``names`` (``find_timed_function``; a class or static
+        method stays one, e.g. ``ForwardBatch.init_new``) so that its calls on thread ``tid`` add
+        to ``self.ftimes``; the names not found go into one ``ftime_missing`` event."""
         missing = []
         for spec in names:
-            module_name, _, qualname = spec.partition(":")
-            *path, attr = qualname.split(".")
-            try:
-                owner: Any = importlib.import_module(module_name)
-                for part in path:
-                    owner = getattr(owner, part)
-                fn = vars(owner)[attr]
-            except (ImportError, AttributeError, KeyError, TypeError):
+            found = find_timed_function(spec)
+            if found is None:
                 missing.append(spec)
                 continue
+            owner, attr, fn = found
             kind = type(fn) if isinstance(fn, (staticmethod, classmethod)) else None
-            inner = fn.__func__ if kind is not None else fn
-            if not callable(inner):
-                missing.append(spec)
-                continue
-            timed = self._timed(qualname, inner, tid)
+            timed = self._timed(spec.partition(":")[2], fn.__func__ if kind is not None else fn, tid)
             setattr(owner, attr, kind(timed) if kind is not None else timed)
         if names:
             self.add({"kind": "ftime_missing", "t": time.time(), "names": missing})
