@@ -700,6 +700,12 @@ def spread(values: Sequence[float | None]) -> dict[str, Any] | None:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
+def ratio_key(other: str) -> str:
+    """Where ``summarize`` keeps stock -> ``other``: ``ratio`` for patched, ``ratio_<other>``
+    for any other variant."""
+    return "ratio" if other == "patched" else f"ratio_{other}"
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Median over boots per (variant, concurrency) and key; ``ratio`` = how much better
     patched is (stock / patched for latencies, patched / stock for throughput)."""
@@ -713,7 +719,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for variant, by_c in cells.items():
         summary["variants"][variant] = {c: {k: spread(v) for k, v in d.items()} for c, d in sorted(by_c.items())}
     stock = summary["variants"].get("stock", {})
-    others = [("patched", "ratio")] + [(v, f"ratio_{v}") for v in MODES if v not in ("stock", "patched")]
+    others = [(v, ratio_key(v)) for v in MODES if v != "stock"]
     for other, key in others:
         theirs = summary["variants"].get(other, {})
         if other != "patched" and not theirs:
@@ -738,7 +744,7 @@ def format_table(summary: dict[str, Any], other: str = "patched") -> str:
     head = "| conc | " + " | ".join(name for _, name in cols) + " | accept | fwd occupancy |"
     lines = [head, "|" + "---|" * (len(cols) + 3)]
     stock, patched = summary["variants"].get("stock", {}), summary["variants"].get(other, {})
-    ratio = summary["ratio" if other == "patched" else f"ratio_{other}"]
+    ratio = summary[ratio_key(other)]
 
     def med(d: dict[str, Any], k: str) -> float | None:
         return (d.get(k) or {}).get("median")
@@ -830,9 +836,8 @@ def plot_svg(summary: dict[str, Any], title: str) -> str:
     line per metric of ``PLOT_KEYS``, with the parity line (x1.0) and the +3% latency bound. A
     record without patched plots the first other variant it has against stock (``MODES`` order);
     empty without stock."""
-    other = "patched" if summary["ratio"] else next(
-        (v for v in MODES if v not in ("stock", "patched") and summary.get(f"ratio_{v}")), "patched")
-    ratio = summary["ratio"] if other == "patched" else summary[f"ratio_{other}"]
+    other = next((v for v in MODES if v != "stock" and summary.get(ratio_key(v))), "patched")
+    ratio = summary[ratio_key(other)]
     conc = sorted(ratio)
     vals = [r for c in conc for k, _, _ in PLOT_KEYS if (r := ratio[c].get(k)) is not None]
     if not conc or not vals:
