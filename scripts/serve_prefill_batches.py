@@ -815,10 +815,10 @@ def ftimes_table(rows: list[dict[str, Any]], prefill: bool = False) -> str:
     """Per concurrency, each timed function's ms and calls per steady decode iteration (with
     ``prefill``: per one-request prefill launch, ``prefill_ftimes``), stock beside each other
     variant, largest difference first."""
-    what, unit, period = (("one-request prefill launch", "launches", "launch ms") if prefill
-                          else ("steady decode iteration", "iterations", "launch to launch ms"))
+    what, unit, one, period = (("one-request prefill launch", "launches", "launch", "launch ms") if prefill
+                               else ("steady decode iteration", "iterations", "iteration", "launch to launch ms"))
     out = [f"Exact host time per {what}, by timed function (`--ftimes`: the probe's "
-           f"`SMOKE_TIME_FUNCS` timers, inclusive; mean over {unit}; ms, calls per {unit[:-1]} in brackets):", "",
+           f"`SMOKE_TIME_FUNCS` timers, inclusive; mean over {unit}; ms, calls per {one} in brackets):", "",
            f"| conc | variant | {unit} (stock / this) | {period} | function | stock ms | this ms | difference |",
            "|---|---|---|---|---|---|---|---|"]
     by_c: dict[int, dict[str, dict[str, Any]]] = {}

@@ -905,6 +905,7 @@ def test_ftimes_prefill_pools_one_request_prefill_launches_stock_beside_patched(
     assert spb.main(["--ftimes", "--prefill", str(rec), str(logs)]) == 0
     table = capsys.readouterr().out
     assert table.startswith("Exact host time per one-request prefill launch, by timed function")
+    assert "mean over launches; ms, calls per launch in brackets" in table
     assert "| 4 | patched | 2 / 2 | 12.00 -> 12.00 | FutureMap.publish | - | 0.500 (1) | +0.500 |" in table
     assert spb.main(["--prefill", str(rec), str(logs)]) == 2
     assert "--prefill goes with --ftimes" in capsys.readouterr().err
