@@ -1243,12 +1243,12 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
     servers = server_lines(runs)
     if servers:
         lines += ["", servers]
-    if summary.get("ratio_upstream"):
+    if summary.get(ratio_key("upstream")):
         ups = sorted({r.get("sglang") for r in runs if r["variant"] == "upstream"} - {None})
         lines += ["", f"Stock -> upstream (stock SGLang {', '.join(ups) or '?'}, its own site, no plugin; "
                   "x: how much better upstream is):", "", format_table(summary, "upstream")]
     for other, note in MODE_NOTES.items():
-        if summary.get(f"ratio_{other}"):
+        if summary.get(ratio_key(other)):
             lines += ["", f"Stock -> {other} ({note}):", "", format_table(summary, other)]
     for other in [v for v in MODES if v != "stock"]:
         pooled = format_pooled_table(pooled_ttft(runs, other), other)
