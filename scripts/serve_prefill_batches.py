@@ -69,6 +69,11 @@ probe timed (a run with ``SMOKE_TIME_FUNCS=relay`` or a list of ``module:Qualnam
 with ``--prefill``, per one-request prefill launch, for ``SMOKE_TIME_FUNCS=prefill``: ``prefill_ftimes``),
 per concurrency, stock beside each variant.
 
+``--core-speed`` prints instead, per concurrency and variant, the one-request prefill launches of
+a run with ``SMOKE_CORE_SPEED=1`` beside the probe's reading of the core's speed right before and
+after each (``core_speed_rows``): a launch longer on one side with the core slower by the same
+share ran on a slower core; with the core as fast, the launch itself took longer.
+
 ``--poll-wait`` prints instead, per concurrency and variant over every boot, how long each measured
 request waited between the API server sending it and the scheduler receiving it, split by what
 the scheduler thread was doing when it was sent (a decode or prefill launch, a decode's or a
@@ -842,6 +847,63 @@ def ftimes_table(rows: list[dict[str, Any]], prefill: bool = False) -> str:
     return "\n".join(out)
 
 
+def core_speed_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """Per concurrency and variant (``measured_windows``): the one-request prefill launches that
+    carry the probe's ``core_us`` (a run with ``SMOKE_CORE_SPEED=1``), with medians of the launch
+    (``launch_ms``), its CPU time (``cpu_ms``), the core's speed around it (``core_us``: the mean
+    of the readings before and after), the driver calls' (``driver_us``, None off CUDA) and the
+    launch's CPU time in core units (``cpu_per_core``: ``cpu_ms`` / ``core_us`` per launch). Is a
+    longer launch on one side the core (``core_us`` longer by the same share, ``cpu_per_core``
+    equal) or the launch itself (``core_us`` equal)?"""
+    pooled: dict[tuple[int, str], dict[str, list[float]]] = {}
+    for run, events, c, t_lo, t_hi in (w for record, by_run in pairs for w in measured_windows(record, by_run)):
+        for r in events:
+            if (r["kind"] != "run" or not t_lo <= r["t"] < t_hi or not r["extend"] or r["bs"] != 1
+                    or "core_us" not in r or "cpu_ms" not in r):
+                continue
+            acc = pooled.setdefault((c, run["variant"]), {"launch": [], "cpu": [], "core": [], "driver": [], "per": []})
+            core = statistics.fmean(r["core_us"])
+            acc["launch"].append((r["t1"] - r["t"]) * 1e3)
+            acc["cpu"].append(r["cpu_ms"])
+            acc["core"].append(core)
+            acc["per"].append(r["cpu_ms"] / core if core > 0 else float("nan"))
+            if "driver_us" in r:
+                acc["driver"].append(statistics.fmean(r["driver_us"]))
+    rows = []
+    for (c, v), acc in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0])):
+        med = {k: statistics.median(vals) if vals else None for k, vals in acc.items()}
+        rows.append({"concurrency": c, "variant": v, "launches": len(acc["launch"]),
+                     "launch_ms": round(med["launch"], 3), "cpu_ms": round(med["cpu"], 3),
+                     "core_us": round(med["core"], 2),
+                     "driver_us": round(med["driver"], 2) if med["driver"] is not None else None,
+                     "cpu_per_core": round(med["per"], 4)})
+    return rows
+
+
+def core_speed_table(rows: list[dict[str, Any]]) -> str:
+    """``core_speed_rows`` per concurrency, stock beside each other variant with their ratios
+    (this / stock: above 1, longer on this side)."""
+    out = ["One-request prefill launches and the core's speed around them (`--core-speed`: the probe's "
+           "`SMOKE_CORE_SPEED` readings; medians over launches; ratio: this side / stock, above 1 is longer "
+           "here):", "",
+           "| conc | variant | launches | launch ms | CPU ms | core us | driver us | CPU ms per core us |",
+           "|---|---|---|---|---|---|---|---|"]
+    stock = {r["concurrency"]: r for r in rows if r["variant"] == "stock"}
+
+    def cell(r: dict[str, Any], key: str, fmt: str) -> str:
+        val, base = r[key], stock.get(r["concurrency"], {}).get(key)
+        if val is None:
+            return "-"
+        text = format(val, fmt)
+        return f"{text} (x{val / base:.3f})" if r["variant"] != "stock" and base else text
+
+    for r in rows:
+        out.append(f"| {r['concurrency']} | {r['variant']} | {r['launches']} | {cell(r, 'launch_ms', '.2f')} | "
+                   f"{cell(r, 'cpu_ms', '.2f')} | {cell(r, 'core_us', '.1f')} | {cell(r, 'driver_us', '.1f')} | "
+                   f"{cell(r, 'cpu_per_core', '.4f')} |")
+    return "\n".join(out)
+
+
 def compile_rows(by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per variant, kernel and first caller: the Triton JIT compiles of the scheduler's process
     (``compile`` events, timelines from 2026-11-26 on), how many servers had them, how many and
@@ -1513,6 +1575,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill", action="store_true",
                    help="with --ftimes: per one-request prefill launch instead of per steady decode iteration "
                         "(a run with SMOKE_TIME_FUNCS=prefill)")
+    p.add_argument("--core-speed", action="store_true",
+                   help="instead: per concurrency and variant, the one-request prefill launches beside the core's "
+                        "speed around them (a run with SMOKE_CORE_SPEED=1): a slower core, or a longer launch?")
     p.add_argument("--compiles", action="store_true",
                    help="instead: the Triton JIT compiles in the scheduler's process, per variant, kernel and caller")
     p.add_argument("--host-speed", action="store_true",
@@ -1555,9 +1620,10 @@ def main(argv: list[str] | None = None) -> int:
         print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
         return 2
     if (args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed + args.intake
-            + args.token_times + args.poll_wait + args.functions + args.ftimes + args.waves + args.host_states > 1):
+            + args.token_times + args.poll_wait + args.functions + args.ftimes + args.waves + args.host_states
+            + args.core_speed > 1):
         print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --functions, --ftimes, "
-              "--host-speed, --host-states, --intake, --token-times, --poll-wait, --waves",
+              "--host-speed, --host-states, --core-speed, --intake, --token-times, --poll-wait, --waves",
               file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
@@ -1577,9 +1643,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # Read pair by pair, as the rows are made (each record's own messages follow its logs').
     pairs = ((path, json.loads(path.read_text()), timelines(logs)) for path, logs in zip(args.pairs[::2], args.pairs[1::2]))
-    if args.frames or args.functions or args.compiles or args.ftimes:
-        # Fields only timelines from 2026-11-26 on have.
-        if args.frames:
+    if args.frames or args.functions or args.compiles or args.ftimes or args.core_speed:
+        # Fields only timelines from 2026-11-26 on have (the core's speed: from 2026-11-28 on).
+        since = "2026-11-26"
+        if args.core_speed:
+            key, table_of, missing = "core_speed", core_speed_table, "core speed readings (a run with SMOKE_CORE_SPEED=1)"
+            since = "2026-11-28"
+            rows = core_speed_rows([(record, by_run) for _, record, by_run in pairs])
+        elif args.frames:
             key, table_of, missing = "frames", frames_table, "sampled steady decodes"
             rows = steady_frames([(record, by_run) for _, record, by_run in pairs])
         elif args.ftimes:
@@ -1593,7 +1664,7 @@ def main(argv: list[str] | None = None) -> int:
             key, table_of, missing = "compiles", compile_table, "compile events"
             rows = [row for _, _, by_run in pairs for row in compile_rows(by_run)]
         if not rows:
-            print(f"serve_prefill_batches: no {missing} in these logs (timelines before 2026-11-26 have none)",
+            print(f"serve_prefill_batches: no {missing} in these logs (timelines before {since} have none)",
                   file=sys.stderr)
             return 1
         print(json.dumps({key: rows}, indent=1) if args.json else table_of(rows))

@@ -434,6 +434,46 @@ def test_timeline_probe_wraps_the_methods_sglangs_scheduler_has(sglang_loaded, t
     assert not any(k in e or e["kind"] == "gpu" for e in events for k in GPU_FIELDS) and "prefill_gpu_ms" not in split
 
 
+def test_timeline_probe_reads_the_cores_speed_around_each_prefill_launch(tmp_path: Path, monkeypatch) -> None:
+    """With ``SMOKE_CORE_SPEED=1`` a prefill launch's ``run`` event carries the fixed Python
+    work's time right before and right after it (``core_us``), outside the launch's own window
+    and CPU time; a decode launch carries none. ``core_us`` grows with the work, and
+    ``driver_us`` makes exactly its number of driver calls on the stream it is given."""
+    from types import SimpleNamespace
+
+    assert st.core_us(200_000) > st.core_us(10) > 0
+    queried = []
+    assert st.driver_us(SimpleNamespace(query=lambda: queried.append(1)), calls=7) >= 0 and len(queried) == 7
+
+    class Mode:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def is_extend(self) -> bool:
+            return self.name == "EXTEND"
+
+    class Scheduler:
+        def process_input_requests(self, recv_reqs): ...
+        def run_batch(self, batch):
+            time.sleep(0.005)
+        def process_batch_result(self, batch, result): ...
+
+    readings = iter([(10.0, None), (30.0, None)])
+    monkeypatch.setattr(st, "core_speed", lambda batch: next(readings))
+    monkeypatch.setattr(st, "CORE_SPEED", True)
+    tl = st.Timeline(str(tmp_path))
+    tl.install(Scheduler)
+    sched = Scheduler()
+    sched.run_batch(SimpleNamespace(forward_mode=Mode("EXTEND"), reqs=[SimpleNamespace(rid="a")]))
+    sched.run_batch(SimpleNamespace(forward_mode=Mode("DECODE"), reqs=[SimpleNamespace(rid="a")]))
+    prefill, decode = [e for e in tl.events if e["kind"] == "run"]
+    assert prefill["core_us"] == [10.0, 30.0] and "driver_us" not in prefill  # no CUDA: no driver reading
+    assert "core_us" not in decode
+    monkeypatch.setattr(st, "CORE_SPEED", False)
+    sched.run_batch(SimpleNamespace(forward_mode=Mode("EXTEND"), reqs=[SimpleNamespace(rid="b")]))
+    assert "core_us" not in [e for e in tl.events if e["kind"] == "run"][-1]  # off: not read
+
+
 GPU_FIELDS = ("host_bound", "prev_prefill_done")
 
 
@@ -1967,18 +2007,21 @@ def test_timeline_probe_reads_its_sampling_and_timers_from_the_servers_environme
     for name in sb.PROBE_ENV:
         monkeypatch.delenv(name, raising=False)
     plain = load()
-    assert (plain.SAMPLE_DEPTH, plain.STEADY_SAMPLE_EVERY, plain.TIME_FUNCS) == (3, 8, ())
+    assert (plain.SAMPLE_DEPTH, plain.STEADY_SAMPLE_EVERY, plain.TIME_FUNCS, plain.CORE_SPEED) == (3, 8, (), False)
     monkeypatch.setenv("SMOKE_SAMPLE_DEPTH", "40")
     monkeypatch.setenv("SMOKE_STEADY_SAMPLE_EVERY", "1")
     monkeypatch.setenv("SMOKE_TIME_FUNCS", "relay")
+    monkeypatch.setenv("SMOKE_CORE_SPEED", "1")
     deep = load()
-    assert (deep.SAMPLE_DEPTH, deep.STEADY_SAMPLE_EVERY, deep.TIME_FUNCS) == (40, 1, deep.RELAY_FUNCS)
+    assert (deep.SAMPLE_DEPTH, deep.STEADY_SAMPLE_EVERY, deep.TIME_FUNCS, deep.CORE_SPEED) == (40, 1, deep.RELAY_FUNCS, True)
     args = argparse.Namespace(backend="default", server_arg=[], dataset="random-ids", input_len=256, output_len=256,
                               range_ratio=1.0, rounds=4, min_prompts=0, concurrency=[16], boots=1, warmup=1,
                               model="8b", spec="chain", freeze_gc=False, out=tmp_path)
     config = sb.environment(args)["config"]
     assert config["probe_env"] == {"SMOKE_SAMPLE_DEPTH": "40", "SMOKE_STEADY_SAMPLE_EVERY": "1",
-                                   "SMOKE_TIME_FUNCS": "relay"}
+                                   "SMOKE_TIME_FUNCS": "relay", "SMOKE_CORE_SPEED": "1"}
+    monkeypatch.delenv("SMOKE_CORE_SPEED")
+    config = sb.environment(args)["config"]
     doc = tmp_path / "r.json"
     doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": config}, "runs": [
         {"variant": v, "boot": 0, "cells": {"16": {"median_ttft_ms": 14.0}}} for v in ("stock", "patched")]}))

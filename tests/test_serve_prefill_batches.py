@@ -876,6 +876,42 @@ def test_ftimes_pool_whole_steady_iterations_per_concurrency_stock_beside_patche
     assert "no timed functions" in capsys.readouterr().err
 
 
+def test_core_speed_sets_one_request_prefill_launches_beside_the_cores_speed(tmp_path: Path, capsys) -> None:
+    """``--core-speed`` takes the one-request prefill launches that carry ``core_us`` (not larger
+    prefills, not decodes), and per side the medians of the launch, its CPU time, the core's
+    reading (mean of before and after), the driver's and CPU time per core microsecond; the
+    table sets patched against stock. A side whose launch is longer on a core slower by the same
+    share reads the same CPU per core unit."""
+    def launches(patched: bool, t: float) -> list[dict]:
+        slow = 1.2 if patched else 1.0
+        ev = []
+        for k, (cpu, core) in enumerate(((10.0, 50.0), (12.0, 60.0), (14.0, 70.0))):
+            ev.append({"kind": "run", "t": t + 0.05 * k, "t1": t + 0.05 * k + cpu * slow / 1e3, "mode": "EXTEND",
+                       "extend": True, "bs": 1, "rids": [f"z{k}"], "cpu_ms": cpu * slow,
+                       "core_us": [core * slow - 2, core * slow + 2], "driver_us": [20.0, 22.0]})
+        ev.append({"kind": "run", "t": t + 0.2, "t1": t + 0.23, "mode": "EXTEND", "extend": True, "bs": 2,
+                   "rids": ["y1", "y2"], "cpu_ms": 99.0, "core_us": [999.0, 999.0]})
+        ev.append({"kind": "run", "t": t + 0.3, "t1": t + 0.31, "mode": "DECODE", "extend": False, "bs": 3,
+                   "cpu_ms": 5.0, "core_us": [999.0, 999.0]})
+        return ev
+
+    rec, logs, _ = _ftimes_case(tmp_path, launches)
+    assert spb.main(["--core-speed", "--json", str(rec), str(logs)]) == 0
+    stock, patched = [r for r in json.loads(capsys.readouterr().out)["core_speed"] if r["concurrency"] == 4]
+    assert stock == {"concurrency": 4, "variant": "stock", "launches": 3, "launch_ms": 12.0, "cpu_ms": 12.0,
+                     "core_us": 60.0, "driver_us": 21.0, "cpu_per_core": 0.2}
+    assert (patched["cpu_ms"], patched["core_us"], patched["cpu_per_core"]) == (14.4, 72.0, 0.2)
+    assert spb.main(["--core-speed", str(rec), str(logs)]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("One-request prefill launches and the core's speed around them")
+    assert "| 4 | patched | 3 | 14.40 (x1.200) | 14.40 (x1.200) | 72.0 (x1.200) | 21.0 (x1.000) | 0.2000 (x1.000) |" in table
+    assert "| 4 | stock | 3 | 12.00 | 12.00 | 60.0 | 21.0 | 0.2000 |" in table
+    plain = _tar(tmp_path / "p.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events([["a"]])}})
+    assert spb.main(["--core-speed", str(rec), str(plain)]) == 1
+    assert "SMOKE_CORE_SPEED=1" in capsys.readouterr().err
+    assert spb.main(["--core-speed", "--launches", str(rec), str(logs)]) == 2
+
+
 def test_ftimes_prefill_pools_one_request_prefill_launches_stock_beside_patched(tmp_path: Path, capsys) -> None:
     """``--ftimes --prefill`` takes the one-request prefill launches of each cell's window (not
     larger prefills, not decodes, not launches outside the cell), their mean launch time and

@@ -205,6 +205,17 @@ def timed_function_names(value: str | None) -> tuple[str, ...]:
 
 
 TIME_FUNCS = timed_function_names(os.environ.get("SMOKE_TIME_FUNCS"))
+#: ``SMOKE_CORE_SPEED=1`` (the server's environment): right before and right after each prefill
+#: launch the scheduler thread times a fixed piece of pure-Python work (``core_us``: the core's
+#: speed at that moment, whatever SGLang's code or the GPU do) and, on CUDA, a fixed run of driver
+#: calls that queue no GPU work (``driver_us``). The ``run`` event carries both pairs
+#: (``serve_prefill_batches.py --core-speed``). A launch whose CPU time grows with ``core_us`` ran
+#: on a slower core (its neighbours, its clock); one that grows while ``core_us`` does not spent
+#: the time in its own code or the driver. About 0.1 ms per prefill launch, outside its
+#: ``run_batch`` window, on both sides alike.
+CORE_SPEED = os.environ.get("SMOKE_CORE_SPEED") == "1"
+CORE_SPEED_LOOPS = 2000
+DRIVER_CALLS = 20
 #: Triton JIT compiles (``compile`` events): how many callers outside Triton each names, and
 #: how much of its specialization key it keeps.
 COMPILE_CALLERS = 4
@@ -440,6 +451,36 @@ def involuntary_switches() -> int | None:
         return resource.getrusage(_RUSAGE_THREAD).ru_nivcsw
     except OSError:
         return None
+
+
+def core_us(loops: int = CORE_SPEED_LOOPS) -> float:
+    """Microseconds the calling thread takes for ``loops`` rounds of small-integer arithmetic in
+    Python: the same work every time, so it reads the core's speed right now (a preemption
+    inside it reads high too; the ``run`` event's ``preempted`` tells those apart)."""
+    t0 = time.perf_counter()
+    x = 0
+    for i in range(loops):
+        x = (x + i * 3) & 0xFFFF
+    return round((time.perf_counter() - t0) * 1e6, 2)
+
+
+def driver_us(stream: Any, calls: int = DRIVER_CALLS) -> float:
+    """Microseconds for ``calls`` of ``stream.query()``: CUDA driver calls that queue nothing, so
+    they read the driver's own cost on this thread (its locks, the core), not the GPU's work."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        stream.query()
+    return round((time.perf_counter() - t0) * 1e6, 2)
+
+
+def core_speed(batch: Any) -> tuple[float, float | None]:
+    """``core_us`` and, for a batch on a CUDA device, ``driver_us`` on the current stream."""
+    drv = None
+    if str(getattr(batch, "device", "")).startswith("cuda") and _has_cuda():
+        import torch
+
+        drv = driver_us(torch.cuda.current_stream())
+    return core_us(), drv
 
 
 @functools.cache
@@ -703,9 +744,10 @@ class Timeline:
             return orig_input(self, recv_reqs, *a, **k)
 
         def run_batch(self, batch, *a, **k):
-            t0, c0, s0 = time.time(), time.thread_time(), involuntary_switches()
             fm = getattr(batch, "forward_mode", None)
             extend = bool(fm is not None and fm.is_extend())
+            speed = core_speed(batch) if CORE_SPEED and extend else None
+            t0, c0, s0 = time.time(), time.thread_time(), involuntary_switches()
             after_prefill = tl.last_extend
             steady = not extend and not after_prefill and getattr(fm, "name", None) == "DECODE"
             if steady:
@@ -726,6 +768,11 @@ class Timeline:
                     ev["core"] = core
                 if s0 is not None and s1 is not None:
                     ev["preempted"] = s1 - s0
+                if speed is not None:
+                    after = core_speed(batch)
+                    ev["core_us"] = [speed[0], after[0]]
+                    if speed[1] is not None and after[1] is not None:
+                        ev["driver_us"] = [speed[1], after[1]]
                 if sample_steady:
                     ev["sampled"] = True
                 if ev["extend"]:
