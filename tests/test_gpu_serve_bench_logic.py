@@ -434,6 +434,17 @@ def test_timeline_probe_wraps_the_methods_sglangs_scheduler_has(sglang_loaded, t
     assert not any(k in e or e["kind"] == "gpu" for e in events for k in GPU_FIELDS) and "prefill_gpu_ms" not in split
 
 
+class StandInMode:
+    """A forward mode by name, with SGLang's ``is_extend()`` for ``EXTEND`` (the probe reads
+    only these two)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def is_extend(self) -> bool:
+        return self.name == "EXTEND"
+
+
 def test_timeline_probe_reads_the_cores_speed_around_each_prefill_launch(tmp_path: Path, monkeypatch) -> None:
     """With ``SMOKE_CORE_SPEED=1`` a prefill launch's ``run`` event carries the fixed Python
     work's time right before and right after it (``core_us``), outside the launch's own window
@@ -444,13 +455,6 @@ def test_timeline_probe_reads_the_cores_speed_around_each_prefill_launch(tmp_pat
     assert st.core_us(200_000) > st.core_us(10) > 0
     queried = []
     assert st.driver_us(SimpleNamespace(query=lambda: queried.append(1)), calls=7) >= 0 and len(queried) == 7
-
-    class Mode:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def is_extend(self) -> bool:
-            return self.name == "EXTEND"
 
     class Scheduler:
         def process_input_requests(self, recv_reqs): ...
@@ -464,13 +468,13 @@ def test_timeline_probe_reads_the_cores_speed_around_each_prefill_launch(tmp_pat
     tl = st.Timeline(str(tmp_path))
     tl.install(Scheduler)
     sched = Scheduler()
-    sched.run_batch(SimpleNamespace(forward_mode=Mode("EXTEND"), reqs=[SimpleNamespace(rid="a")]))
-    sched.run_batch(SimpleNamespace(forward_mode=Mode("DECODE"), reqs=[SimpleNamespace(rid="a")]))
+    sched.run_batch(SimpleNamespace(forward_mode=StandInMode("EXTEND"), reqs=[SimpleNamespace(rid="a")]))
+    sched.run_batch(SimpleNamespace(forward_mode=StandInMode("DECODE"), reqs=[SimpleNamespace(rid="a")]))
     prefill, decode = [e for e in tl.events if e["kind"] == "run"]
     assert prefill["core_us"] == [10.0, 30.0] and "driver_us" not in prefill  # no CUDA: no driver reading
     assert "core_us" not in decode
     monkeypatch.setattr(st, "CORE_SPEED", False)
-    sched.run_batch(SimpleNamespace(forward_mode=Mode("EXTEND"), reqs=[SimpleNamespace(rid="b")]))
+    sched.run_batch(SimpleNamespace(forward_mode=StandInMode("EXTEND"), reqs=[SimpleNamespace(rid="b")]))
     assert "core_us" not in [e for e in tl.events if e["kind"] == "run"][-1]  # off: not read
 
 
@@ -1687,13 +1691,6 @@ def test_timeline_probe_samples_one_steady_decode_in_eight(tmp_path: Path) -> No
     leaves them out."""
     from types import SimpleNamespace
 
-    class Mode:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def is_extend(self) -> bool:
-            return self.name == "EXTEND"
-
     class Scheduler:
         def process_input_requests(self, recv_reqs): ...
 
@@ -1717,9 +1714,9 @@ def test_timeline_probe_samples_one_steady_decode_in_eight(tmp_path: Path) -> No
     sched = Scheduler()
     tl.on_run_batch(SimpleNamespace(f_locals={"self": sched}))
     reqs = [SimpleNamespace(rid="a")]
-    sched.run_batch(SimpleNamespace(forward_mode=Mode("EXTEND"), reqs=reqs))
+    sched.run_batch(SimpleNamespace(forward_mode=StandInMode("EXTEND"), reqs=reqs))
     for _ in range(1 + 2 * st.STEADY_SAMPLE_EVERY):  # the first is the decode right after the prefill
-        sched.run_batch(SimpleNamespace(forward_mode=Mode("DECODE"), reqs=reqs))
+        sched.run_batch(SimpleNamespace(forward_mode=StandInMode("DECODE"), reqs=reqs))
     runs = [e for e in tl.events if e["kind"] == "run"]
     assert [i for i, r in enumerate(runs) if r.get("sampled")] == [1 + st.STEADY_SAMPLE_EVERY, 1 + 2 * st.STEADY_SAMPLE_EVERY]
     phases = {e["phase"] for e in tl.events if e["kind"] == "sample"}
@@ -1977,8 +1974,8 @@ def test_timeline_probe_times_named_functions_exactly_and_hands_each_launch_its_
     other = threading.Thread(target=lambda: mod.FutureMap().publish(5))  # not the scheduler thread
     other.start()
     other.join()
-    assert sched.run_batch(SimpleNamespace(forward_mode=Mode("DECODE"), reqs=[], n=2)) == 2  # delegated
-    sched.run_batch(SimpleNamespace(forward_mode=Mode("DECODE"), reqs=[], n=1))
+    assert sched.run_batch(SimpleNamespace(forward_mode=StandInMode("DECODE"), reqs=[], n=2)) == 2  # delegated
+    sched.run_batch(SimpleNamespace(forward_mode=StandInMode("DECODE"), reqs=[], n=1))
     runs = [e for e in tl.events if e["kind"] == "run"]
     first, second = runs[0]["ftimes"], runs[1]["ftimes"]
     assert first["helper"][0] == 1 and first["FutureMap.publish"][0] == 2
