@@ -1949,13 +1949,6 @@ def test_timeline_probe_times_named_functions_exactly_and_hands_each_launch_its_
     mod.FutureMap, mod.helper = FutureMap, helper
     monkeypatch.setitem(sys.modules, "ftimes_stand_in", mod)
 
-    class Mode:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def is_extend(self) -> bool:
-            return False
-
     class Scheduler:
         def process_input_requests(self, recv_reqs): ...
 
