@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import select
@@ -496,6 +497,82 @@ def pooled_ttft(runs: Sequence[dict[str, Any]], other: str = "patched", seed: in
                          "ci90": [records.quantile(ratios, 0.05), records.quantile(ratios, 0.95)]}
         out[c] = row
     return out
+
+
+#: The cells whose boot pairs ``boot_pair_ratios`` sets out (latencies: stock / the other side).
+PAIR_KEYS = (("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"), ("median_tpot_ms", "TPOT p50"))
+#: Two-sided 95% quantiles of Student's t by degrees of freedom; between two entries the lower
+#: one's (a wider interval), beyond the last the normal's.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+#: The target's margin (+3%) as a half-width on the log scale, for ``pairs_for_3pct``.
+TARGET_LOG = math.log(1.03)
+
+
+def t95(df: int) -> float:
+    """Student's t, two-sided 95%, for ``df`` degrees of freedom (``T95``)."""
+    if df > max(T95):
+        return 1.96
+    return T95[max(k for k in T95 if k <= df)]
+
+
+def boot_pair_ratios(runs: Sequence[dict[str, Any]], other: str = "patched") -> dict[int, dict[str, dict[str, Any]]]:
+    """Per concurrency and ``PAIR_KEYS`` cell: each boot pair's stock / ``other`` (the two servers
+    of one boot of one record, which ran side by side), their geometric mean (``ratio``), its 95%
+    interval over the pairs (Student's t on the log ratios; None with one pair) and how many pairs
+    an interval of +-3% would take at this scatter (``pairs_for_3pct``).
+
+    Unlike ``pooled_ttft``'s bootstrap over requests, this counts the scatter between boots, the
+    largest one in these records (one pair moves by +-13%); it is the interval that says whether a
+    cell's miss is measured or within what its boots can resolve."""
+    logs: dict[int, dict[str, list[float]]] = {}
+    by_boot: dict[tuple[Any, Any], dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        by_boot.setdefault((run.get("record", 0), run.get("boot")), {})[run["variant"]] = run["cells"]
+    for sides in by_boot.values():
+        stock, theirs = sides.get("stock"), sides.get(other)
+        if not stock or not theirs:
+            continue
+        for c in set(stock) & set(theirs):
+            for key, _ in PAIR_KEYS:
+                a, b = stock[c].get(key), theirs[c].get(key)
+                if a and b:
+                    logs.setdefault(int(c), {}).setdefault(key, []).append(math.log(a / b))
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    for c, keys in sorted(logs.items()):
+        for key, xs in keys.items():
+            mean = statistics.fmean(xs)
+            row: dict[str, Any] = {"pairs": len(xs), "ratio": math.exp(mean), "ci95": None, "pairs_for_3pct": None}
+            if len(xs) > 1:
+                sd = statistics.stdev(xs)
+                half = t95(len(xs) - 1) * sd / math.sqrt(len(xs))
+                row["ci95"] = [math.exp(mean - half), math.exp(mean + half)]
+                row["pairs_for_3pct"] = math.ceil((1.96 * sd / TARGET_LOG) ** 2)
+            out.setdefault(c, {})[key] = row
+    return out
+
+
+def format_pair_table(pairs: dict[int, dict[str, dict[str, Any]]]) -> str:
+    """Markdown: ``boot_pair_ratios`` per concurrency (x: how much better the other side is,
+    [95% interval over pairs], pairs a +-3% interval would need)."""
+    if not pairs:
+        return ""
+    lines = ["| conc | boot pairs | " + " | ".join(label for _, label in PAIR_KEYS) + " |",
+             "|---|---|" + "---|" * len(PAIR_KEYS)]
+    for c, row in sorted(pairs.items()):
+        cells = []
+        for key, _ in PAIR_KEYS:
+            r = row.get(key)
+            if r is None:
+                cells.append("-")
+            elif r["ci95"] is None:
+                cells.append(f"x{r['ratio']:.3f} (one pair)")
+            else:
+                cells.append(f"x{r['ratio']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]; "
+                             f"+-3%: {r['pairs_for_3pct']} pairs")
+        n = max(r["pairs"] for r in row.values())
+        lines.append(f"| {c} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def format_pooled_table(pooled: dict[int, dict[str, Any]], other: str = "patched") -> str:
@@ -1176,10 +1253,11 @@ def paired_runs(docs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
     boot, and one ``variant boot N conc C`` per cell left out. A boot cut off by ``--budget``
     can leave one side a cell the other never ran (h200x2-tf-2026-11-26: stock's concurrency 1
     of a boot whose patched server was cut before it); a median over boots would count it for
-    one side only. Runs left without cells are dropped."""
+    one side only. Runs left without cells are dropped; each kept run names its record's place
+    in ``docs`` (``record``: the same boot number in two records is two boots)."""
     kept: list[dict[str, Any]] = []
     dropped: list[str] = []
-    for doc in docs:
+    for i, doc in enumerate(docs):
         runs = [r for r in doc["runs"] if not r.get("error") or r["cells"]]
         variants = {r["variant"] for r in runs}
         by_boot: dict[Any, dict[str, set[str]]] = {}
@@ -1192,7 +1270,7 @@ def paired_runs(docs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
                         for c in sorted(r["cells"], key=int) if c not in common]
             cells = {c: cell for c, cell in r["cells"].items() if c in common}
             if cells:
-                kept.append({**r, "cells": cells})
+                kept.append({**r, "cells": cells, "record": i})
     return kept, dropped
 
 
@@ -1255,6 +1333,11 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
         if pooled:
             lines += ["", f"TTFT over every request of every boot, stock -> {other} (x: how much better "
                       f"{other} is; [90% bootstrap interval]):", "", pooled]
+        paired = format_pair_table(boot_pair_ratios(runs, other))
+        if paired:
+            lines += ["", f"Boot pairs, stock -> {other} (a boot's two servers ran side by side; x: the geometric "
+                      "mean of the pairs' ratios, [95% interval over pairs, which counts the scatter between "
+                      "boots]; +-3%: the pairs an interval of +-3% would need at this scatter):", "", paired]
     same = format_same_outputs(same_outputs(runs))
     if same:
         lines += ["", "Outputs: requests whose generated text equals stock's in the same boot, over every "

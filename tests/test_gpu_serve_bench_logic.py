@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -1578,6 +1579,45 @@ def test_merge_leaves_out_a_cell_whose_boot_has_no_partner_on_the_other_side(tmp
     kept, dropped = sb.paired_runs([json.loads(doc.read_text()), json.loads(other.read_text())])
     assert dropped == ["stock boot 2 conc 32", "patched boot 2 conc 32", "stock boot 5 conc 32"]
     assert len(kept) == 4
+
+
+def test_merge_sets_out_boot_pairs_with_an_interval_that_counts_the_scatter_between_boots(tmp_path: Path) -> None:
+    """Each boot's stock / patched is one pair; the table gives their geometric mean, a 95%
+    Student-t interval over the pairs and the pairs a +-3% interval would take at that scatter.
+    Pairs form within a record only (the same boot number in two records is two boots), and one
+    pair gives no interval."""
+    import math
+
+    def doc(name: str, boots: list[tuple[int, float, float]]) -> Path:
+        runs = [r for b, st_ttft, p_ttft in boots
+                for r in (_run("stock", b, st_ttft, 10, 1000), _run("patched", b, p_ttft, 8, 1000))]
+        path = tmp_path / name
+        path.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+            "backend": "default", "server_args": []}}, "runs": runs}))
+        return path
+
+    # Three pairs whose TTFT ratios are 1.1, 1.0 and 0.9 (stock / patched), two of them boot 0.
+    a, b = doc("a.json", [(0, 110, 100), (1, 100, 100)]), doc("b.json", [(0, 90, 100)])
+    runs, _ = sb.paired_runs([json.loads(a.read_text()), json.loads(b.read_text())])
+    pairs = sb.boot_pair_ratios(runs)[32]
+    logs = [math.log(1.1), 0.0, math.log(0.9)]
+    mean, sd = sum(logs) / 3, statistics.stdev(logs)
+    ttft = pairs["median_ttft_ms"]
+    assert ttft["pairs"] == 3 and ttft["ratio"] == pytest.approx(math.exp(mean))
+    half = 4.303 * sd / math.sqrt(3)  # Student's t, 2 degrees of freedom
+    assert ttft["ci95"] == pytest.approx([math.exp(mean - half), math.exp(mean + half)])
+    assert ttft["pairs_for_3pct"] == math.ceil((1.96 * sd / math.log(1.03)) ** 2)
+    assert pairs["median_tpot_ms"]["ratio"] == pytest.approx(10 / 8) and pairs["median_tpot_ms"]["pairs_for_3pct"] == 0
+    md = sb.merge([a, b])
+    assert "Boot pairs, stock -> patched" in md
+    row = next(line for line in md.splitlines() if line.startswith("| 32 | 3 | x"))
+    assert f"x{math.exp(mean):.3f} [{math.exp(mean - half):.3f}, {math.exp(mean + half):.3f}]" in row
+    # Read as one record, boot 0 of b would pair nothing new: the pairs are per record.
+    assert sb.boot_pair_ratios(sb.paired_runs([json.loads(a.read_text())])[0])[32]["median_ttft_ms"]["pairs"] == 2
+    one = sb.boot_pair_ratios(sb.paired_runs([json.loads(b.read_text())])[0])[32]["median_ttft_ms"]
+    assert one["ci95"] is None and one["pairs_for_3pct"] is None and one["ratio"] == pytest.approx(0.9)
+    assert "x0.900 (one pair)" in sb.merge([b])
+    assert (sb.t95(1), sb.t95(11), sb.t95(40)) == (12.706, 2.228, 1.96)
 
 
 def test_timeline_probe_records_each_triton_compile_with_its_kernel_and_caller(tmp_path: Path) -> None:
