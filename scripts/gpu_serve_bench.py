@@ -471,8 +471,10 @@ def pooled_ttft(runs: Sequence[dict[str, Any]], other: str = "patched", seed: in
     and how much better ``other`` is (stock / other) with a 90% bootstrap interval.
 
     A boot's cell holds 4-16 waves of requests that arrive together, so its own median moves
-    by 10-40% between boots; pooling the requests of all boots is what the +3% target can be
-    checked against. The interval resamples requests within each side (seeded)."""
+    by 10-40% between boots; pooling the requests of all boots gives one TTFT per side over all
+    of them. The interval resamples requests within each side (seeded), so it leaves out the
+    scatter between boots: ``boot_pair_ratios`` gives the interval that counts it, several times
+    wider in these records."""
     import random
 
     pools: dict[str, dict[int, list[float]]] = {}
@@ -1332,7 +1334,8 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
         pooled = format_pooled_table(pooled_ttft(runs, other), other)
         if pooled:
             lines += ["", f"TTFT over every request of every boot, stock -> {other} (x: how much better "
-                      f"{other} is; [90% bootstrap interval]):", "", pooled]
+                      f"{other} is; [90% bootstrap interval over requests, which leaves out the scatter "
+                      "between boots: the boot pairs below count it]):", "", pooled]
         paired = format_pair_table(boot_pair_ratios(runs, other))
         if paired:
             lines += ["", f"Boot pairs, stock -> {other} (a boot's two servers ran side by side; x: the geometric "

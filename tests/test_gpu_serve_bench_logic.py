@@ -1591,6 +1591,8 @@ def test_merge_sets_out_boot_pairs_with_an_interval_that_counts_the_scatter_betw
     def doc(name: str, boots: list[tuple[int, float, float]]) -> Path:
         runs = [r for b, st_ttft, p_ttft in boots
                 for r in (_run("stock", b, st_ttft, 10, 1000), _run("patched", b, p_ttft, 8, 1000))]
+        for r in runs:
+            r["cells"]["32"]["ttfts_ms"] = [r["cells"]["32"]["median_ttft_ms"]] * 4
         path = tmp_path / name
         path.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
             "backend": "default", "server_args": []}}, "runs": runs}))
@@ -1610,6 +1612,8 @@ def test_merge_sets_out_boot_pairs_with_an_interval_that_counts_the_scatter_betw
     assert pairs["median_tpot_ms"]["ratio"] == pytest.approx(10 / 8) and pairs["median_tpot_ms"]["pairs_for_3pct"] == 0
     md = sb.merge([a, b])
     assert "Boot pairs, stock -> patched" in md
+    # The pooled table says what its interval leaves out, and points here.
+    assert "[90% bootstrap interval over requests, which leaves out the scatter between boots" in md
     row = next(line for line in md.splitlines() if line.startswith("| 32 | 3 | x"))
     assert f"x{math.exp(mean):.3f} [{math.exp(mean - half):.3f}, {math.exp(mean + half):.3f}]" in row
     # Read as one record, boot 0 of b would pair nothing new: the pairs are per record.
