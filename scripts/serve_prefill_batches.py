@@ -801,6 +801,18 @@ def steady_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any
     return _ftime_rows(picked())
 
 
+def one_request_prefills(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]],
+                         *fields: str) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(concurrency, variant, ``run`` event) of every one-request prefill launch (SGLang's extend
+    mode, one request) inside a cell's measured window (``measured_windows``) whose event has
+    all of ``fields``: the launches ``prefill_ftimes`` and ``core_speed_rows`` read."""
+    for run, events, c, t_lo, t_hi in (w for record, by_run in pairs for w in measured_windows(record, by_run)):
+        for r in events:
+            if (r["kind"] == "run" and t_lo <= r["t"] < t_hi and r["extend"] and r["bs"] == 1
+                    and all(f in r for f in fields)):
+                yield c, run["variant"], r
+
+
 def prefill_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
     """Per concurrency and variant (``measured_windows``): the one-request prefill launches
     (``run`` events of SGLang's extend mode with one request), their mean launch time
@@ -808,12 +820,7 @@ def prefill_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, An
     launch, from the launch's ``ftimes`` (the probe's exact timers since the previous launch
     ended: the poll, the batch's build and this launch). The same rows as ``steady_ftimes``: where
     a longer prefill launch spends its host time, at one request on both sides (no size mix)."""
-    def picked() -> Iterator[tuple[int, str, float, dict[str, list[float]]]]:
-        for run, events, c, t_lo, t_hi in (w for record, by_run in pairs for w in measured_windows(record, by_run)):
-            for r in events:
-                if r["kind"] == "run" and t_lo <= r["t"] < t_hi and "ftimes" in r and r["extend"] and r["bs"] == 1:
-                    yield c, run["variant"], r["t1"] - r["t"], r["ftimes"]
-    return _ftime_rows(picked())
+    return _ftime_rows((c, v, r["t1"] - r["t"], r["ftimes"]) for c, v, r in one_request_prefills(pairs, "ftimes"))
 
 
 def ftimes_table(rows: list[dict[str, Any]], prefill: bool = False) -> str:
@@ -856,19 +863,15 @@ def core_speed_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, A
     longer launch on one side the core (``core_us`` longer by the same share, ``cpu_per_core``
     equal) or the launch itself (``core_us`` equal)?"""
     pooled: dict[tuple[int, str], dict[str, list[float]]] = {}
-    for run, events, c, t_lo, t_hi in (w for record, by_run in pairs for w in measured_windows(record, by_run)):
-        for r in events:
-            if (r["kind"] != "run" or not t_lo <= r["t"] < t_hi or not r["extend"] or r["bs"] != 1
-                    or "core_us" not in r or "cpu_ms" not in r):
-                continue
-            acc = pooled.setdefault((c, run["variant"]), {"launch": [], "cpu": [], "core": [], "driver": [], "per": []})
-            core = statistics.fmean(r["core_us"])
-            acc["launch"].append((r["t1"] - r["t"]) * 1e3)
-            acc["cpu"].append(r["cpu_ms"])
-            acc["core"].append(core)
-            acc["per"].append(r["cpu_ms"] / core if core > 0 else float("nan"))
-            if "driver_us" in r:
-                acc["driver"].append(statistics.fmean(r["driver_us"]))
+    for c, variant, r in one_request_prefills(pairs, "core_us", "cpu_ms"):
+        acc = pooled.setdefault((c, variant), {"launch": [], "cpu": [], "core": [], "driver": [], "per": []})
+        core = statistics.fmean(r["core_us"])
+        acc["launch"].append((r["t1"] - r["t"]) * 1e3)
+        acc["cpu"].append(r["cpu_ms"])
+        acc["core"].append(core)
+        acc["per"].append(r["cpu_ms"] / core if core > 0 else float("nan"))
+        if "driver_us" in r:
+            acc["driver"].append(statistics.fmean(r["driver_us"]))
     rows = []
     for (c, v), acc in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0])):
         med = {k: statistics.median(vals) if vals else None for k, vals in acc.items()}
