@@ -861,10 +861,14 @@ def core_speed_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, A
     of the readings before and after), the driver calls' (``driver_us``, None off CUDA) and the
     launch's CPU time in core units (``cpu_per_core``: ``cpu_ms`` / ``core_us`` per launch). Is a
     longer launch on one side the core (``core_us`` longer by the same share, ``cpu_per_core``
-    equal) or the launch itself (``core_us`` equal)?"""
+    equal) or the launch itself (``core_us`` equal)? Launches from 2026-11-28 on also give the
+    median of the empty-kernel launches (``kernel_us``: the driver's launch path on the prefill's
+    stream) and the mean garbage-collection time inside a launch (``gc_ms``) with the share of
+    launches that had a collection of generation 1 or 2 (``gc_old_share``); None before."""
     pooled: dict[tuple[int, str], dict[str, list[float]]] = {}
     for c, variant, r in one_request_prefills(pairs, "core_us", "cpu_ms"):
-        acc = pooled.setdefault((c, variant), {"launch": [], "cpu": [], "core": [], "driver": [], "per": []})
+        acc = pooled.setdefault((c, variant), {"launch": [], "cpu": [], "core": [], "driver": [], "per": [],
+                                               "kernel": [], "gc": [], "gc_old": []})
         core = statistics.fmean(r["core_us"])
         acc["launch"].append((r["t1"] - r["t"]) * 1e3)
         acc["cpu"].append(r["cpu_ms"])
@@ -872,14 +876,23 @@ def core_speed_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, A
         acc["per"].append(r["cpu_ms"] / core if core > 0 else float("nan"))
         if "driver_us" in r:
             acc["driver"].append(statistics.fmean(r["driver_us"]))
+        if "kernel_us" in r:
+            acc["kernel"].append(statistics.fmean(r["kernel_us"]))
+        if "gc" in r:
+            acc["gc"].append(r["gc"][3])
+            acc["gc_old"].append(1.0 if r["gc"][1] or r["gc"][2] else 0.0)
+    def rounded(val: float | None, digits: int) -> float | None:
+        return round(val, digits) if val is not None else None
+
     rows = []
     for (c, v), acc in sorted(pooled.items(), key=lambda kv: _side_order(*kv[0])):
         med = {k: statistics.median(vals) if vals else None for k, vals in acc.items()}
         rows.append({"concurrency": c, "variant": v, "launches": len(acc["launch"]),
                      "launch_ms": round(med["launch"], 3), "cpu_ms": round(med["cpu"], 3),
-                     "core_us": round(med["core"], 2),
-                     "driver_us": round(med["driver"], 2) if med["driver"] is not None else None,
-                     "cpu_per_core": round(med["per"], 4)})
+                     "core_us": round(med["core"], 2), "driver_us": rounded(med["driver"], 2),
+                     "cpu_per_core": round(med["per"], 4), "kernel_us": rounded(med["kernel"], 2),
+                     "gc_ms": rounded(statistics.fmean(acc["gc"]) if acc["gc"] else None, 3),
+                     "gc_old_share": rounded(statistics.fmean(acc["gc_old"]) if acc["gc_old"] else None, 3)})
     return rows
 
 
@@ -889,8 +902,9 @@ def core_speed_table(rows: list[dict[str, Any]]) -> str:
     out = ["One-request prefill launches and the core's speed around them (`--core-speed`: the probe's "
            "`SMOKE_CORE_SPEED` readings; medians over launches; ratio: this side / stock, above 1 is longer "
            "here):", "",
-           "| conc | variant | launches | launch ms | CPU ms | core us | driver us | CPU ms per core us |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| conc | variant | launches | launch ms | CPU ms | core us | driver us | CPU ms per core us | "
+           "kernel launches us | GC ms per launch (mean) | launches with an older-generation GC |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     stock = {r["concurrency"]: r for r in rows if r["variant"] == "stock"}
 
     def cell(r: dict[str, Any], key: str, fmt: str) -> str:
@@ -903,7 +917,8 @@ def core_speed_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         out.append(f"| {r['concurrency']} | {r['variant']} | {r['launches']} | {cell(r, 'launch_ms', '.2f')} | "
                    f"{cell(r, 'cpu_ms', '.2f')} | {cell(r, 'core_us', '.1f')} | {cell(r, 'driver_us', '.1f')} | "
-                   f"{cell(r, 'cpu_per_core', '.4f')} |")
+                   f"{cell(r, 'cpu_per_core', '.4f')} | {cell(r, 'kernel_us', '.1f')} | {cell(r, 'gc_ms', '.3f')} | "
+                   f"{'-' if r['gc_old_share'] is None else format(r['gc_old_share'], '.0%')} |")
     return "\n".join(out)
 
 

@@ -449,34 +449,53 @@ class StandInMode:
 def test_timeline_probe_reads_the_cores_speed_around_each_prefill_launch(tmp_path: Path, monkeypatch) -> None:
     """With ``SMOKE_CORE_SPEED=1`` a prefill launch's ``run`` event carries the fixed Python
     work's time right before and right after it (``core_us``), outside the launch's own window
-    and CPU time; a decode launch carries none. ``core_us`` grows with the work, and
-    ``driver_us`` makes exactly its number of driver calls on the stream it is given."""
+    and CPU time, the driver's and kernel launches' readings when there are any, and the garbage
+    collections inside the launch only; a decode launch carries none. ``core_us`` grows with the
+    work; ``driver_us`` and ``kernel_us`` make exactly their number of calls; off CUDA
+    ``core_speed`` reads the core only."""
     from types import SimpleNamespace
 
     assert st.core_us(200_000) > st.core_us(10) > 0
-    queried = []
+    queried, launched = [], []
     assert st.driver_us(SimpleNamespace(query=lambda: queried.append(1)), calls=7) >= 0 and len(queried) == 7
+    assert st.kernel_us(lambda: launched.append(1), calls=5) >= 0 and len(launched) == 5
+    cpu_batch = SimpleNamespace(device="cpu")
+    assert st.core_speed(SimpleNamespace(enable_overlap=False), cpu_batch)[1:] == (None, None)
+
+    collections: list = []
 
     class Scheduler:
         def process_input_requests(self, recv_reqs): ...
         def run_batch(self, batch):
+            for gen, seconds in collections:  # what the collector reports inside the launch
+                hook("start", {"generation": gen})
+                time.sleep(seconds)
+                hook("stop", {"generation": gen, "collected": 0})
             time.sleep(0.005)
         def process_batch_result(self, batch, result): ...
 
-    readings = iter([(10.0, None), (30.0, None)])
-    monkeypatch.setattr(st, "core_speed", lambda batch: next(readings))
+    readings = iter([(10.0, None, 4.0), (30.0, None, 6.0)])
+    monkeypatch.setattr(st, "core_speed", lambda sched, batch: next(readings))
     monkeypatch.setattr(st, "CORE_SPEED", True)
     tl = st.Timeline(str(tmp_path))
     tl.install(Scheduler)
+    REAL_WATCH_GC(tl, "scheduler")
+    hook = tl.gc_hook
+    import gc
+
+    gc.callbacks.remove(hook)  # only the stand-in collections above reach it
     sched = Scheduler()
+    collections[:] = [(0, 0.001), (0, 0.001), (1, 0.003)]
     sched.run_batch(SimpleNamespace(forward_mode=StandInMode("EXTEND"), reqs=[SimpleNamespace(rid="a")]))
     sched.run_batch(SimpleNamespace(forward_mode=StandInMode("DECODE"), reqs=[SimpleNamespace(rid="a")]))
     prefill, decode = [e for e in tl.events if e["kind"] == "run"]
-    assert prefill["core_us"] == [10.0, 30.0] and "driver_us" not in prefill  # no CUDA: no driver reading
-    assert "core_us" not in decode
+    assert prefill["core_us"] == [10.0, 30.0] and "driver_us" not in prefill  # no driver reading given
+    assert prefill["kernel_us"] == [4.0, 6.0]
+    assert prefill["gc"][:3] == [2, 1, 0] and 5.0 <= prefill["gc"][3] < 50.0  # two young, one middle, ms
+    assert "core_us" not in decode and "gc" not in decode and tl.launch_gc is None
     monkeypatch.setattr(st, "CORE_SPEED", False)
     sched.run_batch(SimpleNamespace(forward_mode=StandInMode("EXTEND"), reqs=[SimpleNamespace(rid="b")]))
-    assert "core_us" not in [e for e in tl.events if e["kind"] == "run"][-1]  # off: not read
+    assert not {"core_us", "gc"} & set([e for e in tl.events if e["kind"] == "run"][-1])  # off: not read
 
 
 GPU_FIELDS = ("host_bound", "prev_prefill_done")

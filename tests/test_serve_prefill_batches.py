@@ -888,7 +888,8 @@ def test_core_speed_sets_one_request_prefill_launches_beside_the_cores_speed(tmp
         for k, (cpu, core) in enumerate(((10.0, 50.0), (12.0, 60.0), (14.0, 70.0))):
             ev.append({"kind": "run", "t": t + 0.05 * k, "t1": t + 0.05 * k + cpu * slow / 1e3, "mode": "EXTEND",
                        "extend": True, "bs": 1, "rids": [f"z{k}"], "cpu_ms": cpu * slow,
-                       "core_us": [core * slow - 2, core * slow + 2], "driver_us": [20.0, 22.0]})
+                       "core_us": [core * slow - 2, core * slow + 2], "driver_us": [20.0, 22.0],
+                       **({"kernel_us": [30.0 + k, 32.0 + k], "gc": [k, int(k == 2), 0, 0.3 * k]} if patched else {})})
         ev.append({"kind": "run", "t": t + 0.2, "t1": t + 0.23, "mode": "EXTEND", "extend": True, "bs": 2,
                    "rids": ["y1", "y2"], "cpu_ms": 99.0, "core_us": [999.0, 999.0]})
         ev.append({"kind": "run", "t": t + 0.3, "t1": t + 0.31, "mode": "DECODE", "extend": False, "bs": 3,
@@ -899,13 +900,16 @@ def test_core_speed_sets_one_request_prefill_launches_beside_the_cores_speed(tmp
     assert spb.main(["--core-speed", "--json", str(rec), str(logs)]) == 0
     stock, patched = [r for r in json.loads(capsys.readouterr().out)["core_speed"] if r["concurrency"] == 4]
     assert stock == {"concurrency": 4, "variant": "stock", "launches": 3, "launch_ms": 12.0, "cpu_ms": 12.0,
-                     "core_us": 60.0, "driver_us": 21.0, "cpu_per_core": 0.2}
+                     "core_us": 60.0, "driver_us": 21.0, "cpu_per_core": 0.2, "kernel_us": None, "gc_ms": None,
+                     "gc_old_share": None}  # a record from before the kernel and GC readings
     assert (patched["cpu_ms"], patched["core_us"], patched["cpu_per_core"]) == (14.4, 72.0, 0.2)
+    assert (patched["kernel_us"], patched["gc_ms"], patched["gc_old_share"]) == (32.0, 0.3, 0.333)
     assert spb.main(["--core-speed", str(rec), str(logs)]) == 0
     table = capsys.readouterr().out
     assert table.startswith("One-request prefill launches and the core's speed around them")
-    assert "| 4 | patched | 3 | 14.40 (x1.200) | 14.40 (x1.200) | 72.0 (x1.200) | 21.0 (x1.000) | 0.2000 (x1.000) |" in table
-    assert "| 4 | stock | 3 | 12.00 | 12.00 | 60.0 | 21.0 | 0.2000 |" in table
+    assert ("| 4 | patched | 3 | 14.40 (x1.200) | 14.40 (x1.200) | 72.0 (x1.200) | 21.0 (x1.000) | 0.2000 (x1.000) "
+            "| 32.0 | 0.300 | 33% |") in table
+    assert "| 4 | stock | 3 | 12.00 | 12.00 | 60.0 | 21.0 | 0.2000 | - | - | - |" in table
     plain = _tar(tmp_path / "p.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events([["a"]])}})
     assert spb.main(["--core-speed", str(rec), str(plain)]) == 1
     assert "SMOKE_CORE_SPEED=1" in capsys.readouterr().err

@@ -212,10 +212,15 @@ TIME_FUNCS = timed_function_names(os.environ.get("SMOKE_TIME_FUNCS"))
 #: (``serve_prefill_batches.py --core-speed``). A launch whose CPU time grows with ``core_us`` ran
 #: on a slower core (its neighbours, its clock); one that grows while ``core_us`` does not spent
 #: the time in its own code or the driver. About 0.1 ms per prefill launch, outside its
-#: ``run_batch`` window, on both sides alike.
+#: ``run_batch`` window, on both sides alike. Two more readings with it: ``kernel_us``, a fixed
+#: run of launches of an empty kernel onto the stream the prefill goes to, before and after
+#: (the driver's launch path with that stream's queue as the launch meets it), and ``gc``, the
+#: Python garbage collections inside the launch (count per generation and their time): the
+#: two ways the same SGLang code can take more CPU time on an unchanged core.
 CORE_SPEED = os.environ.get("SMOKE_CORE_SPEED") == "1"
 CORE_SPEED_LOOPS = 2000
 DRIVER_CALLS = 20
+KERNEL_CALLS = 20
 #: Triton JIT compiles (``compile`` events): how many callers outside Triton each names, and
 #: how much of its specialization key it keeps.
 COMPILE_CALLERS = 4
@@ -473,14 +478,28 @@ def driver_us(stream: Any, calls: int = DRIVER_CALLS) -> float:
     return round((time.perf_counter() - t0) * 1e6, 2)
 
 
-def core_speed(batch: Any) -> tuple[float, float | None]:
-    """``core_us`` and, for a batch on a CUDA device, ``driver_us`` on the current stream."""
-    drv = None
-    if str(getattr(batch, "device", "")).startswith("cuda") and _has_cuda():
+def kernel_us(launch: Any, calls: int = KERNEL_CALLS) -> float:
+    """Microseconds for ``calls`` of ``launch()``, each queueing one empty kernel: the driver's
+    launch path as SGLang's own kernel launches meet it (the stream's queue, the driver's locks,
+    the core). About 2 us of GPU time each, on both sides alike."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        launch()
+    return round((time.perf_counter() - t0) * 1e6, 2)
+
+
+def core_speed(sched: Any, batch: Any) -> tuple[float, float | None, float | None]:
+    """``core_us`` and, for a batch on a CUDA device, ``driver_us`` on the current stream and
+    ``kernel_us`` on the stream ``batch`` is launched on (``launch_stream``)."""
+    drv = kern = None
+    stream = launch_stream(sched, batch)
+    if stream is not None:
         import torch
 
         drv = driver_us(torch.cuda.current_stream())
-    return core_us(), drv
+        with torch.cuda.stream(stream):
+            kern = kernel_us(functools.partial(torch.cuda._sleep, 0))
+    return core_us(), drv, kern
 
 
 @functools.cache
@@ -568,6 +587,9 @@ class Timeline:
         # (the batch right after a prefill) or "steady" (one steady decode in
         # STEADY_SAMPLE_EVERY, counted by steady_seen); read by the sampler thread.
         self.launching: str | None = None
+        # SMOKE_CORE_SPEED: the garbage collections inside the prefill launch now running
+        # (collections of generation 0 / 1 / 2, seconds), None outside one; ``watch_gc`` adds.
+        self.launch_gc: list[Any] | None = None
         self.steady_seen = 0
         self.last_extend = False
         self.lag_started = False
@@ -646,7 +668,8 @@ class Timeline:
         """One ``gc`` event per Python garbage collection in this process that was a full one
         (generation 2) or took ``GC_MIN_S`` or longer: start, end, generation, objects
         collected, ``where`` (``"scheduler"`` or ``"api"``). A collection stops every thread of
-        the process, the event loop too."""
+        the process, the event loop too. Inside a prefill launch timed for ``SMOKE_CORE_SPEED``
+        every collection, however short, also counts into ``launch_gc``."""
         import gc
 
         started: list[float] = []
@@ -656,6 +679,11 @@ class Timeline:
                 started[:] = [time.time()]
             elif started:
                 t0, t1 = started[0], time.time()
+                counting = self.launch_gc
+                gen = info.get("generation")
+                if counting is not None and gen in (0, 1, 2):
+                    counting[gen] += 1
+                    counting[3] += t1 - t0
                 if info.get("generation") == 2 or t1 - t0 >= GC_MIN_S:
                     self.add({"kind": "gc", "t": t0, "t1": t1, "gen": info.get("generation"),
                               "collected": info.get("collected"), "where": where})
@@ -746,7 +774,9 @@ class Timeline:
         def run_batch(self, batch, *a, **k):
             fm = getattr(batch, "forward_mode", None)
             extend = bool(fm is not None and fm.is_extend())
-            speed = core_speed(batch) if CORE_SPEED and extend else None
+            speed = core_speed(self, batch) if CORE_SPEED and extend else None
+            if speed is not None:
+                tl.launch_gc = [0, 0, 0, 0.0]
             t0, c0, s0 = time.time(), time.thread_time(), involuntary_switches()
             after_prefill = tl.last_extend
             steady = not extend and not after_prefill and getattr(fm, "name", None) == "DECODE"
@@ -769,10 +799,15 @@ class Timeline:
                 if s0 is not None and s1 is not None:
                     ev["preempted"] = s1 - s0
                 if speed is not None:
-                    after = core_speed(batch)
+                    gc_seen, tl.launch_gc = tl.launch_gc, None
+                    after = core_speed(self, batch)
                     ev["core_us"] = [speed[0], after[0]]
                     if speed[1] is not None and after[1] is not None:
                         ev["driver_us"] = [speed[1], after[1]]
+                    if speed[2] is not None and after[2] is not None:
+                        ev["kernel_us"] = [speed[2], after[2]]
+                    if gc_seen is not None:
+                        ev["gc"] = gc_seen[:3] + [round(gc_seen[3] * 1e3, 3)]
                 if sample_steady:
                     ev["sampled"] = True
                 if ev["extend"]:
