@@ -570,8 +570,9 @@ def format_pair_table(pairs: dict[int, dict[str, dict[str, Any]]]) -> str:
             elif r["ci95"] is None:
                 cells.append(f"x{r['ratio']:.3f} (one pair)")
             else:
+                need = r["pairs_for_3pct"]
                 cells.append(f"x{r['ratio']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]; "
-                             f"+-3%: {r['pairs_for_3pct']} pairs")
+                             f"+-3%: {need} pair{'' if need == 1 else 's'}")
         n = max(r["pairs"] for r in row.values())
         lines.append(f"| {c} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

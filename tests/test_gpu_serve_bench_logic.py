@@ -1635,6 +1635,9 @@ def test_merge_sets_out_boot_pairs_with_an_interval_that_counts_the_scatter_betw
     assert "[90% bootstrap interval over requests, which leaves out the scatter between boots" in md
     row = next(line for line in md.splitlines() if line.startswith("| 32 | 3 | x"))
     assert f"x{math.exp(mean):.3f} [{math.exp(mean - half):.3f}, {math.exp(mean + half):.3f}]" in row
+    assert row.endswith("; +-3%: 0 pairs |")  # TPOT: the same ratio in every pair
+    assert "; +-3%: 1 pair |" in sb.format_pair_table({8: {"median_tpot_ms": {
+        "pairs": 2, "ratio": 1.1, "ci95": [1.0, 1.2], "pairs_for_3pct": 1}}})
     # Read as one record, boot 0 of b would pair nothing new: the pairs are per record.
     assert sb.boot_pair_ratios(sb.paired_runs([json.loads(a.read_text())])[0])[32]["median_ttft_ms"]["pairs"] == 2
     one = sb.boot_pair_ratios(sb.paired_runs([json.loads(b.read_text())])[0])[32]["median_ttft_ms"]
