@@ -99,7 +99,9 @@ Groups (``--group``, with ``--cases`` their union): ``base`` (everything before 
 switched on explicitly; both on by default since 2026-11-26), ``fiplan`` (back-port 23 switched on
 with its check: FlashInfer, the device indptrs read back at every plan), ``mrelay`` (back-port 22's switch
 on: FlashInfer chains, the FA3 tree), ``released`` (decodes launched after the last result was
-processed, holding requests it freed: grammar requests on three backends, back-port 16's switch).
+processed, holding requests it freed: grammar requests on three backends, back-port 16's switch),
+``wal`` (back-port 27 switched on: the barrier after each launch; ten cases of the FA3 set, back-port
+19's intake, a tree and grammar, judged as those).
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -131,6 +133,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import fnmatch
 import hashlib
 import json
@@ -291,7 +294,7 @@ def all_cases() -> list[Case]:
         cases.append(Case(name, algorithm, "flashinfer", graph, pcg, profile, env=fiplan))
     return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + mla_cases()
             + tree_cases() + tree_v2_cases() + tree_v2_det_cases() + mirror_relay_cases()
-            + released_row_cases())
+            + released_row_cases() + war_barrier_after_launch_cases())
 
 
 #: The profiles that run the soak workload (GPU memory sampled, checked flat).
@@ -561,6 +564,27 @@ def released_row_cases() -> list[Case]:
                                         + (("SGLANG_FUTUREMAP_MIRROR_RELAY", "1"),)})]
 
 
+def war_barrier_after_launch_cases() -> list[Case]:
+    """Back-port 27 switched on (``SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=1``; opt-in): back-port
+    17's barrier right after each spec-v2 launch instead of at the top of every poll. Cases of other
+    groups with the switch added, judged as those: the default configuration (both algorithms),
+    EOS churn and radix-cache hits on FA3 and Triton, pages of 16, batches above the captured
+    CUDA-graph sizes, back-port 19's intake (which builds a batch while a lookahead decode still
+    runs), a tree on Triton with EOS churn and grammar requests on the default configuration."""
+    on = (("SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH", "1"),)
+    picked = ("default-eagle3", "default-standalone", "eos-eagle3-fa3", "radix-eagle3-fa3",
+              "eos-standalone-triton", "radix-standalone-triton", "page16-standalone-fa3",
+              "fa3-standalone-graph-pcg-maxbs8", "treev2-eos-standalone-triton-3x4x16",
+              "grammar-eagle3-default")
+    by_name = {c.name: c for c in (fa3_cases() + tree_v2_cases() + released_row_cases())}
+    cases = [dataclasses.replace(by_name[n], name="wal-" + n, env=by_name[n].env + on) for n in picked]
+    # As the intake group's matrix case (all_cases), with the switch.
+    intake = (("SGLANG_FUTUREMAP_EARLY_INTAKE", "1"),)
+    cases.append(Case("wal-intake-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix",
+                      env=intake + on))
+    return cases
+
+
 #: Named case sets (``--group``): fnmatch patterns over case names.
 GROUPS: dict[str, tuple[str, ...]] = {
     "base": ("eagle3-*", "standalone-*", "retract-*", "soak-*", "text-*", "tp2-eagle3-*", "tp2-standalone-*",
@@ -580,6 +604,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "fiplan": ("fiplan-*",),
     "mrelay": ("mrelay-*",),
     "released": ("grammar-*", "pfirst-*"),
+    "wal": ("wal-*",),
 }
 
 

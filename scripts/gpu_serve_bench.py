@@ -96,7 +96,9 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          # back-port 27 switched on; taken out after the 2026-11-28 record (RETIRED_MODES): merge only
          "patched-prefill-before-next-batch": ("strict", {"SGLANG_FUTUREMAP_PREFILL_BEFORE_NEXT_BATCH": "1"}),
          # SGLang's own switch on top of the plugin: consecutive prefills without overlap
-         "patched-serial-prefills": ("strict", {"SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "1"})}
+         "patched-serial-prefills": ("strict", {"SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "1"}),
+         # back-port 27 switched on (opt-in): back-port 17's barrier right after each spec-v2 launch
+         "patched-war-after-launch": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH": "1"})}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
 MODE_NOTES = {
     "patched-prefill-first": "the plugin with back-port 16 switched on: a small or finished prefill's result "
@@ -132,6 +134,9 @@ MODE_NOTES = {
                                          "before the next batch is built",
     "patched-serial-prefills": "the plugin with SGLang's own SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP=1: a "
                                "prefill's result is processed before the next prefill is launched",
+    "patched-war-after-launch": "the plugin with back-port 27 switched on "
+                                "(SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=1): back-port 17's barrier right "
+                                "after each spec-v2 launch, none in an idle loop",
 }
 
 #: Variants whose switch the plugin no longer has: their records still merge, but a run would

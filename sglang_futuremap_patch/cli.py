@@ -76,6 +76,15 @@ def _tree_switches() -> str:
     return "; ".join(parts) + "; unset: on for trees, off for chains; 0: off"
 
 
+def _opt_in_switches() -> str:
+    """Back-port 27 (off unless switched on: not measured on a GPU yet), as the environment sets it."""
+    from sglang_futuremap_patch.backports.war_barrier_after_launch import WAR_BARRIER_AFTER_LAUNCH_ENV
+
+    setting = os.environ.get(WAR_BARRIER_AFTER_LAUNCH_ENV, "").strip()
+    state = "on: the barrier after each launch" if setting == "1" else "off"
+    return f"back-port 27 {state} ({WAR_BARRIER_AFTER_LAUNCH_ENV}={setting or 'unset'}; 1: on)"
+
+
 def _print_report(report: Report) -> None:
     v = report.verdict
     print(f"SGLang:   {v.sglang_version}")
@@ -85,6 +94,8 @@ def _print_report(report: Report) -> None:
         print(f"trees:    {_tree_choice()}")
     if {"prefill-result-first", "mirror-relay-lens"} <= {bp.id for bp in report.series}:
         print(f"on trees: {_tree_switches()}")
+    if any(bp.id == "war-barrier-after-launch" for bp in report.series):
+        print(f"opt-in:   {_opt_in_switches()}")
     for bp in report.series:
         print(f"\n{bp.id}  [{bp.pr_list}]  patches/{bp.patch_file}")
         print(f"  {bp.title}")

@@ -142,3 +142,19 @@ def test_status_says_what_trees_get_from_back_ports_16_and_22(clean_state, capsy
     cli.main(["status"])
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("on trees:")]
     assert line == f"on trees: {expected}; unset: on for trees, off for chains; 0: off"
+
+
+@pytest.mark.parametrize("setting, expected", [
+    (None, "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=unset; 1: on)"),
+    ("1", "back-port 27 on: the barrier after each launch (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=1; 1: on)"),
+    ("yes", "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=yes; 1: on)"),
+])
+def test_status_says_whether_the_opt_in_back_port_27_is_on(clean_state, capsys, monkeypatch,
+                                                            setting, expected):
+    if setting is None:
+        monkeypatch.delenv("SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH", setting)
+    cli.main(["status"])
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("opt-in:")]
+    assert line == f"opt-in:   {expected}"

@@ -30,7 +30,7 @@ BEHAVIOUR_TESTS = ["tests/test_overlap_simulation.py", "tests/test_future_map.py
                    "tests/test_flashinfer_host_prefix_sum.py", "tests/test_eager_relay_lens.py",
                    "tests/test_mirror_relay_lens.py", "tests/test_flashinfer_host_indptr.py",
                    "tests/test_tree_kv_move_warmup.py", "tests/test_decode_assign_warmup.py",
-                   "tests/test_prefill_write_warmup.py"]
+                   "tests/test_prefill_write_warmup.py", "tests/test_war_barrier_after_launch.py"]
 
 pytestmark = pytest.mark.skipif(FLAVOUR != "plugin", reason="this file starts the other flavour")
 

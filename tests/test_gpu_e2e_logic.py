@@ -7,6 +7,7 @@ and the scenario driver (run against a small stand-in engine that answers like
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 import sys
@@ -1209,14 +1210,15 @@ def test_the_tree_v2_group_selects_exactly_the_new_cases() -> None:
     assert len(cases) == 18
     assert [c.name for c in cases] == [c.name for c in e2e.all_cases() if c.name.startswith("treev2-")]
     assert all(c.tree_v2 and not c.spec_v1 and c.logprob_tol == e2e.TREE_V2_LOGPROB_TOL for c in cases)
-    # besides them, only back-port 22's tree cases (with back-port 16's in ``released``) are judged
-    # as trees on spec v2 (their own groups)
+    # besides them, only back-port 22's tree cases (with back-port 16's in ``released``) and back-port
+    # 27's are judged as trees on spec v2 (their own groups)
     assert {c.name for c in e2e.all_cases() if c.tree_v2 and not c.name.startswith("treev2")} == {
-        c.name for c in e2e.mirror_relay_cases() + e2e.released_row_cases() if c.tree_v2}
+        c.name for c in e2e.mirror_relay_cases() + e2e.released_row_cases()
+        + e2e.war_barrier_after_launch_cases() if c.tree_v2}
     assert all(c.tree_v2 for c in e2e.tree_v2_det_cases())
     # the old group keeps its own cases; no other group takes a treev2 case
     assert [c.name for c in e2e.select_cases(None, groups=["tree"])] == [c.name for c in e2e.tree_cases()]
-    others = sorted(g for g in e2e.GROUPS if g not in ("tree-v2", "tree-v2-det", "mrelay", "released"))
+    others = sorted(g for g in e2e.GROUPS if g not in ("tree-v2", "tree-v2-det", "mrelay", "released", "wal"))
     assert not any(c.tree_v2 for c in e2e.select_cases(None, groups=others))
     # run_e2e.sh hands its arguments to gpu_e2e.py, whose --group choices are GROUPS
     assert e2e.build_parser().parse_args(["--group", "tree-v2"]).group == ["tree-v2"]
@@ -1303,7 +1305,7 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
     assert {c.backend for c in e2e.tree_v2_cases()} >= {"flashinfer", "fa3", "triton", "default"}
     assert not any(c.env for c in e2e.all_cases()
                    if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-", "intake-", "fihost-", "fiplan-",
-                                             "mrelay-", "pfirst-")))
+                                             "mrelay-", "pfirst-", "wal-")))
     seen: dict[str, dict[str, str]] = {}
 
     def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
@@ -1854,3 +1856,22 @@ def test_a_near_tie_scenario_explains_its_aborted_outputs_too() -> None:
     assert out["soak: aborted outputs agree as prefixes"].ok
     assert not out["soak: lengths as requested"].ok  # only the output comparisons
     assert not out["arrivals: aborted outputs agree as prefixes"].ok  # no near-tie check there
+
+
+def test_the_wal_group_runs_cases_of_other_groups_with_back_port_27_on() -> None:
+    """Back-port 27 is opt-in: its group runs eleven cases of the FA3 set, the intake, tree-v2 and
+    released groups with its switch on, each judged as its twin (same launch, same oracle) and
+    nothing else changed; the default configuration on both algorithms, FA3 and Triton with EOS
+    churn and radix hits, pages of 16, eager batches above the graph sizes, a tree and grammar."""
+    cases = e2e.select_cases(None, groups=["wal"])
+    assert [c.name for c in cases] == [c.name for c in e2e.war_barrier_after_launch_cases()]
+    assert len(cases) == 11 and len({c.name for c in e2e.all_cases()}) == len(e2e.all_cases())
+    twins = {c.name: c for c in e2e.all_cases() if not c.name.startswith("wal-")}
+    on = ("SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH", "1")
+    for case in cases:
+        twin = twins[case.name.removeprefix("wal-")]
+        assert case.env == twin.env + (on,)
+        assert dataclasses.replace(case, name=twin.name, env=twin.env) == twin
+    assert {c.backend for c in cases} == {"default", "fa3", "triton"}
+    assert {c.profile for c in cases} >= {"matrix", "eos", "radix", "tree-eos"}
+    assert any(c.tree_v2 for c in cases) and any(dict(c.extra).get("cuda_graph_max_bs") == 8 for c in cases)

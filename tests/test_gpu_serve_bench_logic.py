@@ -144,7 +144,8 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
                                    "patched-no-fi-host-sum", "patched-mirror-relay",
                                    "patched-relay-prefill-first", "patched-tree-switches-off",
                                    "patched-serial-prefills", "patched-mirror-relay-check",
-                                   "patched-mirror-relay-device-indptr", "patched-prefill-before-next-batch"}
+                                   "patched-mirror-relay-device-indptr", "patched-prefill-before-next-batch",
+                                   "patched-war-after-launch"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -1068,6 +1069,18 @@ def test_serial_prefills_variant_is_sglangs_own_switch(monkeypatch) -> None:
     assert mode == "strict" and list(env) == ["SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP"]
     monkeypatch.setenv(*next(iter(env.items())))
     assert envs.SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP.get() is True
+
+
+def test_war_after_launch_variant_is_the_plugin_with_back_port_27_on() -> None:
+    """The opt-in back-port's serving variant: the plugin as it ships plus its one switch, and
+    its own line in the summary."""
+    from sglang_futuremap_patch.backports import war_barrier_after_launch
+
+    mode, env = sb.MODES["patched-war-after-launch"]
+    assert mode == "strict" and env == {war_barrier_after_launch.WAR_BARRIER_AFTER_LAUNCH_ENV: "1"}
+    assert "patched-war-after-launch" in sb.MODE_NOTES and "patched-war-after-launch" not in sb.RETIRED_MODES
+    runs = [_run("stock", 0, 100, 10, 1000), _run("patched-war-after-launch", 0, 90, 8, 1250)]
+    assert "patched-war-after-launch" in sb.summarize(runs)["variants"]
 
 
 # ----------------------------------------------------------------------------- DeepSeek MTP (MLA)

@@ -35,6 +35,7 @@ SERIES: tuple[str, ...] = (
     "tree_kv_move_warmup",
     "decode_assign_warmup",
     "prefill_write_warmup",
+    "war_barrier_after_launch",
 )
 
 

@@ -1,0 +1,158 @@
+"""Back-port war-barrier-after-launch: back-port 17's barrier right after each spec-v2 launch.
+
+SGLang's real ``run_batch`` launches a spec-v2 prefill through the (patched)
+``forward_spec_v2_overlap`` with the contract worker of the overlap simulation; SGLang's real
+``get_next_batch_to_run`` and its PD-disaggregation variants run on the same scheduler and are
+stopped at their first statement after the barrier. The schedule stream records what it is
+queued behind, and the launch records its forward, its stash and its copy to the host, so the
+test sees where the barrier falls: after the launch's last forward-stream work with the switch
+on, at the top of ``get_next_batch_to_run`` without it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import activate_backport
+from sim_support import HIDDEN, VOCAB, ContractWorker, make_pools, make_scheduler, make_server_args
+
+ENV = "SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH"
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.fixture
+def sched(clean_state, monkeypatch):
+    """A spec-v2 overlap scheduler wanting back-port 17's barrier (asked for on this CPU host)
+    whose schedule stream, forward, stash and copy to the host log into ``sched.log``."""
+    from sglang.srt import server_args as sa
+    from sglang.srt.speculative.spec_utils import spec_need_hidden_states
+
+    monkeypatch.setenv("SGLANG_FUTUREMAP_WAR_BARRIER", "1")
+    monkeypatch.delenv(ENV, raising=False)
+    activate_backport()
+    previous = sa._global_server_args
+    sa.set_global_server_args_for_scheduler(make_server_args("EAGLE3"))
+    truth: dict[str, int] = {}
+    worker = ContractWorker(truth, relay_hidden=spec_need_hidden_states())
+    pools = make_pools(4, 64, kv_tokens=512)
+    model_config = SimpleNamespace(vocab_size=VOCAB, is_encoder_decoder=False,
+                                   is_matryoshka=False, hidden_size=HIDDEN, context_len=64)
+    s = make_scheduler(worker, "EAGLE3", *pools, model_config, target_attn_backend=object())
+    s.log = []
+    s.schedule_stream.wait_stream = lambda other: s.log.append(
+        "barrier" if other is s.forward_stream else f"waits on {other!r}")
+    forward = worker.forward_batch_generation
+
+    def logged_forward(*args, **kwargs):
+        result = forward(*args, **kwargs)
+        s.log.append("forward")
+        copy = result.copy_to_cpu
+
+        def logged_copy(*a, **k):
+            copy(*a, **k)
+            s.log.append("copy to host")
+
+        result.copy_to_cpu = logged_copy
+        return result
+
+    worker.forward_batch_generation = logged_forward
+    stash = s.future_map.stash
+
+    def logged_stash(*args, **kwargs):
+        stash(*args, **kwargs)
+        s.log.append("stash")
+
+    s.future_map.stash = logged_stash
+    s.pools, s.model_config_, s.truth = pools, model_config, truth
+    yield s
+    sa._global_server_args = previous
+
+
+def _prefill(s):
+    """A two-request spec-v2 prefill, as the PrefillAdder leaves it, launched by ``run_batch``."""
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    reqs = []
+    for num, prompt_len in ((len(s.truth) + 1, 5), (len(s.truth) + 2, 9)):
+        params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+        params.normalize(None)
+        req = Req(f"r-{num}", "", list(range(11, 11 + prompt_len)), params, vocab_size=VOCAB)
+        req.init_next_round_input(s.pools[2])
+        req.set_extend_input_len(len(req.fill_ids) - len(req.prefix_indices))
+        s.truth[req.rid] = prompt_len
+        reqs.append(req)
+    batch = ScheduleBatch.init_new(reqs, *s.pools, s.model_config_, True, s.spec_algorithm)
+    batch.prepare_for_extend()
+    s.run_batch(batch)
+
+
+def _poll(s):
+    """SGLang's ``get_next_batch_to_run``, stopped at its first statement after the barrier."""
+    s.enable_fpm = False
+
+    def first_stock_statement():
+        raise _Stop
+
+    s._abort_on_waiting_timeout = first_stock_statement
+    with pytest.raises(_Stop):
+        s.get_next_batch_to_run()
+
+
+def test_by_default_the_barrier_stays_at_the_top_of_every_poll(sched):
+    _prefill(sched)
+    assert sched.log == ["forward", "stash", "copy to host"]  # nothing after the launch
+    _poll(sched)
+    _poll(sched)  # an idle poll: the barrier again
+    assert sched.log == ["forward", "stash", "copy to host", "barrier", "barrier"]
+
+
+def test_switched_on_each_launch_ends_with_the_barrier_and_a_poll_adds_none(sched, monkeypatch):
+    monkeypatch.setenv(ENV, "1")
+    _prefill(sched)
+    # After the launch's last forward-stream work, before run_batch returns (so before the
+    # loop processes the previous result).
+    assert sched.log == ["forward", "stash", "copy to host", "barrier"]
+    _poll(sched)
+    _poll(sched)  # idle polls: nothing new ran on the forward stream
+    assert sched.log == ["forward", "stash", "copy to host", "barrier"]
+    _prefill(sched)
+    assert sched.log[4:] == ["forward", "stash", "copy to host", "barrier"]
+    # Back-port 19 reads back-port 17's decision, made at the first barrier.
+    assert sched.__dict__["war_barrier"] is True
+
+
+def test_the_pd_loops_keep_their_barrier_at_the_top(sched, monkeypatch):
+    monkeypatch.setenv(ENV, "1")
+    assert sched.war_barrier_after_launch()
+
+    def first_decode_statement():
+        assert sched.log == ["barrier"]
+        raise _Stop
+
+    sched.get_new_prebuilt_batch = first_decode_statement
+    with pytest.raises(_Stop):
+        sched.get_next_disagg_decode_batch_to_run()
+    sched.running_batch = SimpleNamespace(batch_is_full=True)
+
+    def first_prefill_statement():
+        assert sched.log == ["barrier", "barrier"]
+        raise _Stop
+
+    sched.process_prefill_chunk = first_prefill_statement
+    with pytest.raises(_Stop):
+        sched.get_next_disagg_prefill_batch_to_run()
+
+
+@pytest.mark.parametrize("setting, moved", [(None, False), ("1", True), ("0", False), ("yes", False)])
+def test_decided_once_per_scheduler(sched, monkeypatch, setting, moved):
+    if setting is not None:
+        monkeypatch.setenv(ENV, setting)
+    assert sched.war_barrier_after_launch() is moved
+    monkeypatch.setenv(ENV, "0" if moved else "1")
+    assert sched.war_barrier_after_launch() is moved
