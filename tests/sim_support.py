@@ -457,6 +457,44 @@ def make_scheduler(worker, algorithm: str, req_to_token_pool, allocator, tree_ca
     return s
 
 
+def contract_scheduler(algorithm: str = "EAGLE3"):
+    """A spec-v2 overlap scheduler (``make_scheduler``) on the contract worker, with a pool of 4
+    requests, 64 tokens of context and 512 KV slots, and a target backend that declares nothing
+    (so it keeps the host mirror on every prefix of the series). Returns the scheduler and what
+    ``prefill`` needs: ``(sched, worker, pools, model_config, truth)``. The caller sets SGLang's
+    global server arguments for the algorithm (``make_server_args``) around it."""
+    from sglang.srt.speculative.spec_utils import spec_need_hidden_states
+
+    truth: dict[str, int] = {}
+    worker = ContractWorker(truth, relay_hidden=spec_need_hidden_states())
+    pools = make_pools(4, 64, kv_tokens=512)
+    model_config = SimpleNamespace(vocab_size=VOCAB, is_encoder_decoder=False,
+                                   is_matryoshka=False, hidden_size=HIDDEN, context_len=64)
+    sched = make_scheduler(worker, algorithm, *pools, model_config, target_attn_backend=object())
+    return sched, worker, pools, model_config, truth
+
+
+def prefill(sched, pools, model_config, truth, prompts):
+    """A spec-v2 prefill batch of requests ``r-<num>`` with prompts of the given lengths
+    (``prompts``: (num, length) pairs), as the PrefillAdder leaves it: ``prepare_for_extend``
+    done, each prompt length recorded in ``truth`` for the contract worker."""
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    reqs = []
+    for num, prompt_len in prompts:
+        params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+        params.normalize(None)
+        req = Req(f"r-{num}", "", list(range(11, 11 + prompt_len)), params, vocab_size=VOCAB)
+        req.init_next_round_input(pools[2])
+        req.set_extend_input_len(len(req.fill_ids) - len(req.prefix_indices))
+        truth[req.rid] = prompt_len
+        reqs.append(req)
+    batch = ScheduleBatch.init_new(reqs, *pools, model_config, True, sched.spec_algorithm)
+    batch.prepare_for_extend()
+    return batch
+
+
 class PagedSlots:
     """The paged KV allocator's slot assignment (a Triton kernel in SGLang) stood in for:
     fresh slots in order, every call recorded with the tensors it was given."""

@@ -160,37 +160,16 @@ def test_run_batch_relays_a_spec_v2_prefill_through_its_pool_slots(clean_state):
     prefill: the worker publishes the lengths during the forward, the relay holds them and the
     draft state at the requests' pool slots, and the batch carries those slots as its future."""
     from sglang.srt import server_args as sa
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-    from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.speculative.spec_utils import spec_need_hidden_states
 
     from conftest import activate_backport
-    from sim_support import HIDDEN, VOCAB, ContractWorker, make_pools, make_scheduler, \
-        make_server_args, payload_code
+    from sim_support import contract_scheduler, make_server_args, payload_code, prefill
 
     activate_backport()
     previous = sa._global_server_args
     sa.set_global_server_args_for_scheduler(make_server_args("EAGLE3"))
     try:
-        truth: dict[str, int] = {}
-        worker = ContractWorker(truth, relay_hidden=spec_need_hidden_states())
-        pools = make_pools(4, 64, kv_tokens=512)
-        model_config = SimpleNamespace(vocab_size=VOCAB, is_encoder_decoder=False,
-                                       is_matryoshka=False, hidden_size=HIDDEN, context_len=64)
-        # A target backend that declares nothing keeps the host mirror (every prefix of the series).
-        sched = make_scheduler(worker, "EAGLE3", *pools, model_config, target_attn_backend=object())
-        reqs = []
-        for num, prompt_len in ((4, 5), (7, 9)):
-            params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
-            params.normalize(None)
-            req = Req(f"r-{num}", "", list(range(11, 11 + prompt_len)), params, vocab_size=VOCAB)
-            req.init_next_round_input(pools[2])
-            req.set_extend_input_len(len(req.fill_ids) - len(req.prefix_indices))
-            truth[req.rid] = prompt_len
-            reqs.append(req)
-        batch = ScheduleBatch.init_new(reqs, pools[0], pools[1], pools[2], model_config, True,
-                                       sched.spec_algorithm)
-        batch.prepare_for_extend()
+        sched, worker, pools, model_config, truth = contract_scheduler()
+        batch = prefill(sched, pools, model_config, truth, ((4, 5), (7, 9)))
         slots = batch.req_pool_indices.clone()
 
         result = sched.run_batch(batch)

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import activate_backport
-from sim_support import HIDDEN, VOCAB, ContractWorker, make_pools, make_scheduler, make_server_args
+from sim_support import contract_scheduler, make_server_args, prefill
 
 ENV = "SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH"
 
@@ -30,19 +30,13 @@ def sched(clean_state, monkeypatch):
     """A spec-v2 overlap scheduler wanting back-port 17's barrier (asked for on this CPU host)
     whose schedule stream, forward, stash and copy to the host log into ``sched.log``."""
     from sglang.srt import server_args as sa
-    from sglang.srt.speculative.spec_utils import spec_need_hidden_states
 
     monkeypatch.setenv("SGLANG_FUTUREMAP_WAR_BARRIER", "1")
     monkeypatch.delenv(ENV, raising=False)
     activate_backport()
     previous = sa._global_server_args
     sa.set_global_server_args_for_scheduler(make_server_args("EAGLE3"))
-    truth: dict[str, int] = {}
-    worker = ContractWorker(truth, relay_hidden=spec_need_hidden_states())
-    pools = make_pools(4, 64, kv_tokens=512)
-    model_config = SimpleNamespace(vocab_size=VOCAB, is_encoder_decoder=False,
-                                   is_matryoshka=False, hidden_size=HIDDEN, context_len=64)
-    s = make_scheduler(worker, "EAGLE3", *pools, model_config, target_attn_backend=object())
+    s, worker, pools, model_config, truth = contract_scheduler()
     s.log = []
     s.schedule_stream.wait_stream = lambda other: s.log.append(
         "barrier" if other is s.forward_stream else f"waits on {other!r}")
@@ -68,28 +62,10 @@ def sched(clean_state, monkeypatch):
         s.log.append("stash")
 
     s.future_map.stash = logged_stash
-    s.pools, s.model_config_, s.truth = pools, model_config, truth
+    s.launch_prefill = lambda: s.run_batch(
+        prefill(s, pools, model_config, truth, ((len(truth) + 1, 5), (len(truth) + 2, 9))))
     yield s
     sa._global_server_args = previous
-
-
-def _prefill(s):
-    """A two-request spec-v2 prefill, as the PrefillAdder leaves it, launched by ``run_batch``."""
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
-    reqs = []
-    for num, prompt_len in ((len(s.truth) + 1, 5), (len(s.truth) + 2, 9)):
-        params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
-        params.normalize(None)
-        req = Req(f"r-{num}", "", list(range(11, 11 + prompt_len)), params, vocab_size=VOCAB)
-        req.init_next_round_input(s.pools[2])
-        req.set_extend_input_len(len(req.fill_ids) - len(req.prefix_indices))
-        s.truth[req.rid] = prompt_len
-        reqs.append(req)
-    batch = ScheduleBatch.init_new(reqs, *s.pools, s.model_config_, True, s.spec_algorithm)
-    batch.prepare_for_extend()
-    s.run_batch(batch)
 
 
 def _poll(s):
@@ -105,7 +81,7 @@ def _poll(s):
 
 
 def test_by_default_the_barrier_stays_at_the_top_of_every_poll(sched):
-    _prefill(sched)
+    sched.launch_prefill()
     assert sched.log == ["forward", "stash", "copy to host"]  # nothing after the launch
     _poll(sched)
     _poll(sched)  # an idle poll: the barrier again
@@ -114,14 +90,14 @@ def test_by_default_the_barrier_stays_at_the_top_of_every_poll(sched):
 
 def test_switched_on_each_launch_ends_with_the_barrier_and_a_poll_adds_none(sched, monkeypatch):
     monkeypatch.setenv(ENV, "1")
-    _prefill(sched)
+    sched.launch_prefill()
     # After the launch's last forward-stream work, before run_batch returns (so before the
     # loop processes the previous result).
     assert sched.log == ["forward", "stash", "copy to host", "barrier"]
     _poll(sched)
     _poll(sched)  # idle polls: nothing new ran on the forward stream
     assert sched.log == ["forward", "stash", "copy to host", "barrier"]
-    _prefill(sched)
+    sched.launch_prefill()
     assert sched.log[4:] == ["forward", "stash", "copy to host", "barrier"]
     # Back-port 19 reads back-port 17's decision, made at the first barrier.
     assert sched.__dict__["war_barrier"] is True
