@@ -1621,8 +1621,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --host-states: the side --variant is set against (default stock; patched for a "
                         "record of the plugin against one of its switches)")
     p.add_argument("--variant", default="patched",
-                   help="with --strata or --host-speed: the variant set beside stock (default patched; e.g. "
-                        "patched-mirror-relay)")
+                   help="with --strata, --host-speed or --host-states: the variant set beside stock (default "
+                        "patched; e.g. patched-mirror-relay)")
     args = p.parse_args(argv)
     if args.variant != "patched" and not (args.strata or args.host_speed or args.host_states or args.token_times):
         print("serve_prefill_batches: --variant goes with --strata, --host-speed, --host-states or --token-times",
@@ -1693,6 +1693,12 @@ def main(argv: list[str] | None = None) -> int:
             print("serve_prefill_batches: no one-request prefill with its CPU time in these logs "
                   "(timelines before 2026-11-26 have none)", file=sys.stderr)
             return 1
+        sides = sorted({server["variant"] for server in states["servers"]})
+        missing_sides = [v for v in (args.base, args.variant) if v not in sides]
+        if missing_sides:
+            print(f"serve_prefill_batches: no {' or '.join(missing_sides)} servers in these records (they have: "
+                  f"{', '.join(sides)}); name the sides with --variant / --base", file=sys.stderr)
+            return 2
         summary = host_state_summary(states, args.variant, args.base)
         print(json.dumps({**states, **summary}, indent=1) if args.json else host_state_table(summary, states))
         return 0
