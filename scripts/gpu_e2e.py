@@ -100,8 +100,8 @@ switched on explicitly; both on by default since 2026-11-26), ``fiplan`` (back-p
 with its check: FlashInfer, the device indptrs read back at every plan), ``mrelay`` (back-port 22's switch
 on: FlashInfer chains, the FA3 tree), ``released`` (decodes launched after the last result was
 processed, holding requests it freed: grammar requests on three backends, back-port 16's switch),
-``wal`` (back-port 27 switched on: the barrier after each launch; ten cases of the FA3 set, back-port
-19's intake, a tree and grammar, judged as those).
+``wal`` (back-port 27 switched on: the barrier after each launch; eleven cases, eight of the FA3 set,
+back-port 19's intake, a tree and grammar, judged as those).
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -265,13 +265,7 @@ def all_cases() -> list[Case]:
     # in the soak, so that any difference is the plugin's.
     cases.append(Case("http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
                       (("skip_tokenizer_init", False), ("enable_deterministic_inference", True))))
-    # Back-port 19 (early intake; on by default) switched on explicitly: each batch of the matrix
-    # workload, and each HTTP arrival after the running batch emptied, may be launched while the
-    # last one's lookahead decode still runs. Stock ignores the switch (the plugin is off there).
-    intake = (("SGLANG_FUTUREMAP_EARLY_INTAKE", "1"),)
-    cases.append(Case("intake-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix", env=intake))
-    cases.append(Case("intake-http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
-                      (("skip_tokenizer_init", False), ("enable_deterministic_inference", True)), env=intake))
+    cases += intake_cases()
     # Back-port 20 (FlashInfer's ragged prefill sums its prefix lengths on the host; on by default)
     # switched on explicitly: every prefill of the matrix workload on FlashInfer, with and without
     # piecewise CUDA graph.
@@ -295,6 +289,16 @@ def all_cases() -> list[Case]:
     return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + mla_cases()
             + tree_cases() + tree_v2_cases() + tree_v2_det_cases() + mirror_relay_cases()
             + released_row_cases() + war_barrier_after_launch_cases())
+
+
+def intake_cases() -> list[Case]:
+    """Back-port 19 (early intake; on by default) switched on explicitly: each batch of the matrix
+    workload, and each HTTP arrival after the running batch emptied, may be launched while the
+    last one's lookahead decode still runs. Stock ignores the switch (the plugin is off there)."""
+    intake = (("SGLANG_FUTUREMAP_EARLY_INTAKE", "1"),)
+    return [Case("intake-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix", env=intake),
+            Case("intake-http-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "http",
+                 (("skip_tokenizer_init", False), ("enable_deterministic_inference", True)), env=intake)]
 
 
 #: The profiles that run the soak workload (GPU memory sampled, checked flat).
@@ -575,14 +579,9 @@ def war_barrier_after_launch_cases() -> list[Case]:
     picked = ("default-eagle3", "default-standalone", "eos-eagle3-fa3", "radix-eagle3-fa3",
               "eos-standalone-triton", "radix-standalone-triton", "page16-standalone-fa3",
               "fa3-standalone-graph-pcg-maxbs8", "treev2-eos-standalone-triton-3x4x16",
-              "grammar-eagle3-default")
-    by_name = {c.name: c for c in (fa3_cases() + tree_v2_cases() + released_row_cases())}
-    cases = [dataclasses.replace(by_name[n], name="wal-" + n, env=by_name[n].env + on) for n in picked]
-    # As the intake group's matrix case (all_cases), with the switch.
-    intake = (("SGLANG_FUTUREMAP_EARLY_INTAKE", "1"),)
-    cases.append(Case("wal-intake-eagle3-triton-graph-nopcg", "EAGLE3", "triton", True, False, "matrix",
-                      env=intake + on))
-    return cases
+              "grammar-eagle3-default", "intake-eagle3-triton-graph-nopcg")
+    by_name = {c.name: c for c in (fa3_cases() + tree_v2_cases() + released_row_cases() + intake_cases())}
+    return [dataclasses.replace(by_name[n], name="wal-" + n, env=by_name[n].env + on) for n in picked]
 
 
 #: Named case sets (``--group``): fnmatch patterns over case names.

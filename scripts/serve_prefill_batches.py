@@ -881,6 +881,7 @@ def core_speed_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, A
         if "gc" in r:
             acc["gc"].append(r["gc"][3])
             acc["gc_old"].append(1.0 if r["gc"][1] or r["gc"][2] else 0.0)
+
     def rounded(val: float | None, digits: int) -> float | None:
         return round(val, digits) if val is not None else None
 

@@ -684,8 +684,8 @@ class Timeline:
                 if counting is not None and gen in (0, 1, 2):
                     counting[gen] += 1
                     counting[3] += t1 - t0
-                if info.get("generation") == 2 or t1 - t0 >= GC_MIN_S:
-                    self.add({"kind": "gc", "t": t0, "t1": t1, "gen": info.get("generation"),
+                if gen == 2 or t1 - t0 >= GC_MIN_S:
+                    self.add({"kind": "gc", "t": t0, "t1": t1, "gen": gen,
                               "collected": info.get("collected"), "where": where})
 
         self.gc_hook = on_gc

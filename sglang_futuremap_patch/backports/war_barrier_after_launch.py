@@ -15,7 +15,7 @@ moved the barrier to right after each launch in 0.5.16. (2) An idle server runs 
 every poll of its loop: a CUDA event recorded on the forward stream and waited on by the
 schedule stream, thousands of times between two requests at low concurrency. In the serving
 records the patched idle poll took 14.0 us against stock's 6.5 (results/serve-bench/
-h200x4-prefill-2026-11-28), and the one-request prefill launched after such a wait takes 3-10%
+h200x4-prefill-2026-11-28), and the one-request prefill launched after those polls takes 3-10%
 more CPU time per unit of core speed than stock's (results/serve-bench/h200x2-corespeed-2026-11-28;
 Triton at concurrency 1 reads TTFT x0.836 over 6 boot pairs). Whether (2) is that cost is what
 the GPU run of this back-port measures.
