@@ -17,8 +17,10 @@ schedule stream, thousands of times between two requests at low concurrency. In 
 records the patched idle poll took 14.0 us against stock's 6.5 (results/serve-bench/
 h200x4-prefill-2026-11-28), and the one-request prefill launched after those polls takes 3-10%
 more CPU time per unit of core speed than stock's (results/serve-bench/h200x2-corespeed-2026-11-28;
-Triton at concurrency 1 reads TTFT x0.836 over 6 boot pairs). Whether (2) is that cost is what
-the GPU run of this back-port measures.
+Triton at concurrency 1 reads TTFT x0.836 over 6 boot pairs). The GPU run of this back-port
+(results/serve-bench/h200x2-war-2026-11-28) found (2) is not that cost: on Triton the one-request
+prefill launch does stock's work per unit of core speed with the barrier here or off altogether,
+and TTFT at 1 / 8 reads x0.901 / x0.885 over 4 boot pairs with it here.
 
 How: ``forward_spec_v2_overlap`` (the launch of every spec-v2 overlap batch, the only batches
 the barrier is wanted for) ends with back-port 17's ``apply_war_barrier``, after the forward's
@@ -29,10 +31,10 @@ iteration that launched nothing adds no barrier, since nothing new ran on the fo
 (spec v2 runs no delayed sample there). The host never waits: the barrier only queues the
 dependency, as before. The two PD-disaggregation loops keep their barrier at the top as well
 (the decode loop's stands where 0.5.16 later fences its bootstrap staging). Tokens are those of
-stock: the barrier orders more, never less. Opt-in until a GPU run has shown it token-identical
-on the e2e set and measured it on the serving benchmark:
-``SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=1`` turns it on (decided once per scheduler); unset,
-back-port 17's barrier stays where it is.
+stock: the barrier orders more, never less (the e2e ``wal`` group, 11 cases with the default
+configuration among them, token-identical on 2 x H200: results/gpu-e2e/h200x2-wal-2026-11-28).
+Opt-in while no serving cell reads better with it: ``SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=1``
+turns it on (decided once per scheduler); unset, back-port 17's barrier stays where it is.
 """
 
 from __future__ import annotations
