@@ -73,6 +73,10 @@ per concurrency, stock beside each variant.
 a run with ``SMOKE_CORE_SPEED=1`` beside the probe's reading of the core's speed right before and
 after each (``core_speed_rows``): a launch longer on one side with the core slower by the same
 share ran on a slower core; with the core as fast, the launch itself took longer.
+``--core-pairs`` sets each boot pair's TTFT p50 ratio beside the ratio of its two servers' core
+readings and compares the pairs at equal core speed (``core_pair_rows``, ``core_pair_summary``):
+on machines whose vCPUs differ in speed from server to server, the pair's ratio less the part
+that follows its cores.
 
 ``--poll-wait`` prints instead, per concurrency and variant over every boot, how long each measured
 request waited between the API server sending it and the scheduler receiving it, split by what
@@ -90,6 +94,7 @@ import collections
 import functools
 import itertools
 import json
+import math
 import re
 import statistics
 import sys
@@ -897,6 +902,97 @@ def core_speed_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, A
     return rows
 
 
+def core_pair_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """Per boot pair (the stock and the other server of one boot of one record, side by side)
+    and concurrency: the client's TTFT p50 ratio, stock / other (above 1: the other side
+    better), and the ratio of the two servers' core readings, stock / other (the median over
+    each server's one-request prefill launches in the cell of the probe's ``core_us``, a run with
+    ``SMOKE_CORE_SPEED=1``; above 1: the other server's core was the faster one). Pairs with no
+    reading on either side are left out. (label, record, timelines) in; one row per pair."""
+    out: list[dict[str, Any]] = []
+    for label, record, by_run in pairs:
+        core: dict[tuple[str, Any, int], list[float]] = {}
+        for run, events, c, t_lo, t_hi in measured_windows(record, by_run):
+            core[(run["variant"], run["boot"], c)] = [
+                statistics.fmean(e["core_us"]) for e in events
+                if e["kind"] == "run" and t_lo <= e["t"] < t_hi and e["extend"] and e["bs"] == 1 and "core_us" in e]
+        ttft = {(run["variant"], run["boot"], int(c)): cell.get("median_ttft_ms")
+                for run in record["runs"] for c, cell in (run.get("cells") or {}).items()}
+        for (variant, boot, c), theirs in sorted(ttft.items(), key=lambda kv: (kv[0][2], str(kv[0][1]), kv[0][0])):
+            stock = ttft.get(("stock", boot, c))
+            cores = core.get(("stock", boot, c)), core.get((variant, boot, c))
+            if variant == "stock" or not stock or not theirs or not all(cores):
+                continue
+            out.append({"record": label, "boot": boot, "concurrency": c, "variant": variant,
+                        "ttft_ratio": stock / theirs,
+                        "core_ratio": statistics.median(cores[0]) / statistics.median(cores[1])})
+    return out
+
+
+def core_pair_summary(rows: list[dict[str, Any]], slope: float | None = None) -> list[dict[str, Any]]:
+    """Per concurrency and variant: the boot pairs' TTFT ratio as measured and at equal core
+    speed. How much of a pair's TTFT ratio follows its core ratio is one slope per concurrency,
+    the least-squares fit of log TTFT ratio on log core ratio over every pair of that
+    concurrency (all variants), or ``slope`` as given; a pair at equal core speed is
+    ``log TTFT ratio - slope * log core ratio``. Each: the geometric mean with its 95% interval
+    over the pairs (Student's t on the logs, as ``--merge``'s boot pairs; the slope's own
+    uncertainty left out), the slope, and the correlation of the two logs over the concurrency's
+    pairs (None with fewer than 3 pairs or no spread)."""
+    by_c: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_c.setdefault(r["concurrency"], []).append(r)
+
+    def geo(xs: list[float]) -> dict[str, Any]:
+        mean = statistics.fmean(xs)
+        if len(xs) < 2:
+            return {"ratio": math.exp(mean), "ci95": None}
+        half = serve.t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+        return {"ratio": math.exp(mean), "ci95": [math.exp(mean - half), math.exp(mean + half)]}
+
+    out = []
+    for c, group in sorted(by_c.items()):
+        lx = [math.log(r["core_ratio"]) for r in group]
+        ly = [math.log(r["ttft_ratio"]) for r in group]
+        spread = len(group) >= 3 and len(set(lx)) > 1 and len(set(ly)) > 1
+        fitted = statistics.linear_regression(lx, ly).slope if spread else 0.0
+        b = fitted if slope is None else slope
+        corr = statistics.correlation(lx, ly) if spread else None
+        for variant in sorted({r["variant"] for r in group}):
+            mine = [r for r in group if r["variant"] == variant]
+            raw = [math.log(r["ttft_ratio"]) for r in mine]
+            adj = [math.log(r["ttft_ratio"]) - b * math.log(r["core_ratio"]) for r in mine]
+            out.append({"concurrency": c, "variant": variant, "pairs": len(mine), "slope": b,
+                        "slope_given": slope is not None, "correlation": corr,
+                        "measured": geo(raw), "equal_core": geo(adj),
+                        "core_ratio": math.exp(statistics.fmean(math.log(r["core_ratio"]) for r in mine))})
+    return out
+
+
+def core_pair_table(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> str:
+    """Markdown: each boot pair, then ``core_pair_summary`` per concurrency and variant."""
+    def x(g: dict[str, Any]) -> str:
+        ci = g["ci95"]
+        return f"x{g['ratio']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else " (one pair)")
+
+    out = ["Boot pairs by their cores (`--core-pairs`: TTFT p50 stock / other, above 1: the other side better; "
+           "core: the two servers' median `core_us` over their one-request prefill launches, stock / other, "
+           "above 1: the other side's core was the faster):", "",
+           "| record | boot | conc | variant | TTFT p50 | core |", "|---|---|---|---|---|---|"]
+    out += [f"| {r['record']} | {r['boot']} | {r['concurrency']} | {r['variant']} | x{r['ttft_ratio']:.3f} | "
+            f"x{r['core_ratio']:.3f} |" for r in rows]
+    out += ["", "At equal core speed (each pair's log TTFT ratio less slope x its log core ratio; slope: fitted "
+            "over every pair of the concurrency, or given with --slope; [95% interval over pairs], the slope's "
+            "own uncertainty left out):", "",
+            "| conc | variant | pairs | core, mean | slope | correlation | TTFT p50 as measured | at equal core speed |",
+            "|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        corr = "-" if s["correlation"] is None else f"{s['correlation']:.2f}"
+        out.append(f"| {s['concurrency']} | {s['variant']} | {s['pairs']} | x{s['core_ratio']:.3f} | "
+                   f"{s['slope']:.2f}{' (given)' if s['slope_given'] else ''} | {corr} | {x(s['measured'])} | "
+                   f"{x(s['equal_core'])} |")
+    return "\n".join(out)
+
+
 def core_speed_table(rows: list[dict[str, Any]]) -> str:
     """``core_speed_rows`` per concurrency, stock beside each other variant with their ratios
     (this / stock: above 1, longer on this side)."""
@@ -1597,6 +1693,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--core-speed", action="store_true",
                    help="instead: per concurrency and variant, the one-request prefill launches beside the core's "
                         "speed around them (a run with SMOKE_CORE_SPEED=1): a slower core, or a longer launch?")
+    p.add_argument("--core-pairs", action="store_true",
+                   help="instead: each boot pair's TTFT p50 ratio beside the ratio of its two servers' core speeds "
+                        "(a run with SMOKE_CORE_SPEED=1), and per concurrency and variant the pairs' TTFT ratio "
+                        "as measured and at equal core speed")
+    p.add_argument("--slope", type=float,
+                   help="with --core-pairs: how much of a pair's log TTFT ratio follows its log core ratio "
+                        "(default: fitted over the pairs of each concurrency)")
     p.add_argument("--compiles", action="store_true",
                    help="instead: the Triton JIT compiles in the scheduler's process, per variant, kernel and caller")
     p.add_argument("--host-speed", action="store_true",
@@ -1635,14 +1738,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.base != "stock" and not args.host_states:
         print("serve_prefill_batches: --base goes with --host-states", file=sys.stderr)
         return 2
+    if args.slope is not None and not args.core_pairs:
+        print("serve_prefill_batches: --slope goes with --core-pairs", file=sys.stderr)
+        return 2
     if args.plot and not args.host_speed:
         print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
         return 2
     if (args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed + args.intake
             + args.token_times + args.poll_wait + args.functions + args.ftimes + args.waves + args.host_states
-            + args.core_speed > 1):
+            + args.core_speed + args.core_pairs > 1):
         print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --functions, --ftimes, "
-              "--host-speed, --host-states, --core-speed, --intake, --token-times, --poll-wait, --waves",
+              "--host-speed, --host-states, --core-speed, --core-pairs, --intake, --token-times, --poll-wait, --waves",
               file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
@@ -1687,6 +1793,16 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         print(json.dumps({key: rows}, indent=1) if args.json else table_of(rows))
+        return 0
+    if args.core_pairs:
+        rows = core_pair_rows([(path.parent.name, record, by_run) for path, record, by_run in pairs])
+        if not rows:
+            print("serve_prefill_batches: no boot pair with core readings on both sides in these logs "
+                  "(a run with SMOKE_CORE_SPEED=1, timelines from 2026-11-28 on)", file=sys.stderr)
+            return 1
+        summary = core_pair_summary(rows, args.slope)
+        print(json.dumps({"core_pairs": rows, "summary": summary}, indent=1) if args.json
+              else core_pair_table(rows, summary))
         return 0
     if args.host_states:
         states = host_state_rows([(str(path.parent), record, by_run) for path, record, by_run in pairs])

@@ -916,6 +916,61 @@ def test_core_speed_sets_one_request_prefill_launches_beside_the_cores_speed(tmp
     assert spb.main(["--core-speed", "--launches", str(rec), str(logs)]) == 2
 
 
+def test_core_pairs_set_each_boot_pairs_ttft_beside_its_cores_and_compare_at_equal_core_speed(
+        tmp_path: Path, capsys) -> None:
+    """``--core-pairs``: per boot pair, stock / patched TTFT p50 beside stock / patched of the
+    servers' median core reading over their one-request prefill launches in the cell (larger
+    prefills and launches without a reading left out). Pairs whose TTFT ratio is 0.95 x core
+    ratio ^ 0.5 fit slope 0.5 and read x0.95 at equal core speed, with no scatter left; as
+    measured they scatter with the cores. A given --slope is used instead of the fit."""
+    cells = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
+    core_ratios = (0.8, 1.0, 1.25, 1.5625)
+    runs, files = [], {}
+    for boot, cr in enumerate(core_ratios):
+        ttft_ratio = 0.95 * cr ** 0.5
+        for variant, core, ttft in (("stock", 100.0 * cr, 40.0), ("patched", 100.0, 40.0 / ttft_ratio)):
+            ev = [{"kind": "run", "t": 0.1 + 0.05 * k, "t1": 0.11 + 0.05 * k, "mode": "EXTEND", "extend": True,
+                   "bs": 1, "rids": [f"z{k}"], "cpu_ms": 10.0, "core_us": [core - d, core + d]}
+                  for k, d in enumerate((1.0, 0.0, 3.0))]  # the median of the means: core
+            ev += [{"kind": "run", "t": 0.3 + 0.02 * k, "t1": 0.31 + 0.02 * k, "mode": "EXTEND", "extend": True,
+                    "bs": 2, "rids": [f"y{k}", f"v{k}"], "cpu_ms": 9.0, "core_us": [999.0, 999.0]}
+                   for k in range(3)]  # larger prefills: as many readings, left out
+            ev.append({"kind": "run", "t": 0.37, "t1": 0.38, "mode": "EXTEND", "extend": True, "bs": 1,
+                       "rids": ["y3"]})  # no reading
+            files[f"timeline/{variant}-boot{boot}/timeline-{boot}.json"] = {
+                "events": sorted(_events(cells) + ev, key=lambda e: e["t"])}
+            runs.append((variant, boot, {"2": 10.0, "4": ttft}))
+    rec = tmp_path / "pairs" / "serve-bench.json"
+    rec.parent.mkdir()
+    rec.write_text(json.dumps(_record(runs)))
+    logs = _tar(tmp_path / "pairs" / "serve-logs.tar.gz", files)
+
+    assert spb.main(["--core-pairs", "--json", str(rec), str(logs)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["record"], r["boot"], r["concurrency"]) for r in out["core_pairs"]] == [("pairs", b, 4) for b in range(4)]
+    assert [round(r["core_ratio"], 4) for r in out["core_pairs"]] == list(core_ratios)
+    assert [round(r["ttft_ratio"], 4) for r in out["core_pairs"]] == [round(0.95 * c ** 0.5, 4) for c in core_ratios]
+    (summary,) = out["summary"]
+    assert (summary["concurrency"], summary["variant"], summary["pairs"]) == (4, "patched", 4)
+    assert summary["slope"] == pytest.approx(0.5) and summary["correlation"] == pytest.approx(1.0)
+    assert summary["equal_core"]["ratio"] == pytest.approx(0.95)
+    assert summary["equal_core"]["ci95"] == pytest.approx([0.95, 0.95])
+    low, high = summary["measured"]["ci95"]
+    assert low < 0.95 < high and high - low > 0.1  # the cores' scatter, as measured
+    assert spb.main(["--core-pairs", "--slope", "0", "--json", str(rec), str(logs)]) == 0
+    (given,) = json.loads(capsys.readouterr().out)["summary"]
+    assert given["slope_given"] and given["equal_core"] == given["measured"]
+    assert spb.main(["--core-pairs", str(rec), str(logs)]) == 0
+    table = capsys.readouterr().out
+    assert "| pairs | 0 | 4 | patched | x0.850 | x0.800 |" in table
+    assert "| 4 | patched | 4 | x1.118 | 0.50 | 1.00 | x" in table and "| x0.950 [0.950, 0.950] |" in table
+    plain = _tar(tmp_path / "p.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events(cells)}})
+    assert spb.main(["--core-pairs", str(rec), str(plain)]) == 1
+    assert "SMOKE_CORE_SPEED=1" in capsys.readouterr().err
+    assert spb.main(["--slope", "0.5", "--core-speed", str(rec), str(logs)]) == 2
+    assert spb.main(["--core-pairs", "--core-speed", str(rec), str(logs)]) == 2
+
+
 def test_ftimes_prefill_pools_one_request_prefill_launches_stock_beside_patched(tmp_path: Path, capsys) -> None:
     """``--ftimes --prefill`` takes the one-request prefill launches of each cell's window (not
     larger prefills, not decodes, not launches outside the cell), their mean launch time and
