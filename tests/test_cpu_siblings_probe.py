@@ -56,10 +56,8 @@ def test_main_measures_every_pair_on_this_host(tmp_path: Path, capsys: pytest.Ca
         pytest.skip("needs Linux and two CPUs")
     before = os.sched_getaffinity(0)
     out = tmp_path / "siblings.json"
-    try:
-        rc = probe.main(["--samples", "10", "--out", str(out)])
-    finally:
-        os.sched_setaffinity(0, before)
+    rc = probe.main(["--samples", "10", "--out", str(out)])
+    assert os.sched_getaffinity(0) == before  # the probe gives the process its CPUs back
     doc = json.loads(out.read_text())
     cpus = doc["cpus"]
     assert cpus == sorted(before)
@@ -76,6 +74,11 @@ def test_main_measures_every_pair_on_this_host(tmp_path: Path, capsys: pytest.Ca
         assert "not a fixed pairing" in capsys.readouterr().out
 
 
-def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert probe.main(["--clear", "1.2", "--threshold", "1.1"]) == 2
     assert "--clear < --threshold" in capsys.readouterr().err
+    assert probe.main(["--samples", "0"]) == 2
+    assert "--samples must be at least 1" in capsys.readouterr().err
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        rc = probe.main(["--samples", "2", "--out", str(tmp_path / "no-such-dir" / "x.json")])
+        assert rc == 2 and "cannot write" in capsys.readouterr().err

@@ -108,6 +108,7 @@ def measure_all(cpus: Sequence[int], samples: int) -> tuple[dict[int, float], di
     proc.start()
     base: dict[int, float] = {}
     ratio: dict[int, dict[int, float]] = {}
+    allowed = os.sched_getaffinity(0)
     try:
         for c in cpus:
             os.sched_setaffinity(0, {c})
@@ -126,6 +127,7 @@ def measure_all(cpus: Sequence[int], samples: int) -> tuple[dict[int, float], di
     finally:
         proc.kill()
         proc.join(5)
+        os.sched_setaffinity(0, allowed)
     return base, ratio
 
 
@@ -143,7 +145,7 @@ def sysfs_view(cpus: Sequence[int]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--samples", type=int, default=60, help="readings per measurement, median taken (default 60)")
     p.add_argument("--threshold", type=float, default=THRESHOLD,
                    help=f"a sibling slows the work by more than this (default {THRESHOLD})")
@@ -153,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not hasattr(os, "sched_setaffinity"):
         print("error: needs Linux (os.sched_setaffinity)", file=sys.stderr)
+        return 2
+    if args.samples < 1:
+        print("error: --samples must be at least 1", file=sys.stderr)
         return 2
     if not 1.0 <= args.clear < args.threshold:
         print("error: needs 1 <= --clear < --threshold", file=sys.stderr)
@@ -169,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
            "ratio": {str(c): {str(o): v for o, v in r.items()} for c, r in ratio.items()},
            "sysfs": sysfs_view(cpus), "seconds": round(time.monotonic() - t0, 1)}
     if args.out:
-        args.out.write_text(json.dumps(doc, indent=1))
+        try:
+            args.out.write_text(json.dumps(doc, indent=1))
+        except OSError as exc:
+            print(f"error: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     top = {c: max(r.items(), key=lambda kv: kv[1]) for c, r in ratio.items()}
     print("slowest partner per CPU: " + ", ".join(f"{c}:{o} x{v}" for c, (o, v) in top.items()))
     if cores is None:
