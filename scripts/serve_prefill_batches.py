@@ -811,11 +811,20 @@ def one_request_prefills(pairs: list[tuple[dict[str, Any], dict[str, list[dict[s
     """(concurrency, variant, ``run`` event) of every one-request prefill launch (SGLang's extend
     mode, one request) inside a cell's measured window (``measured_windows``) whose event has
     all of ``fields``: the launches ``prefill_ftimes`` and ``core_speed_rows`` read."""
-    for run, events, c, t_lo, t_hi in (w for record, by_run in pairs for w in measured_windows(record, by_run)):
+    for record, by_run in pairs:
+        for run, c, r in one_request_prefills_by_run(record, by_run, *fields):
+            yield c, run["variant"], r
+
+
+def one_request_prefills_by_run(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]],
+                                *fields: str) -> Iterator[tuple[dict[str, Any], int, dict[str, Any]]]:
+    """``one_request_prefills`` of one record, with the server run each launch belongs to:
+    (run, concurrency, ``run`` event)."""
+    for run, events, c, t_lo, t_hi in measured_windows(record, by_run):
         for r in events:
             if (r["kind"] == "run" and t_lo <= r["t"] < t_hi and r["extend"] and r["bs"] == 1
                     and all(f in r for f in fields)):
-                yield c, run["variant"], r
+                yield run, c, r
 
 
 def prefill_ftimes(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
@@ -912,10 +921,8 @@ def core_pair_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[st
     out: list[dict[str, Any]] = []
     for label, record, by_run in pairs:
         core: dict[tuple[str, Any, int], list[float]] = {}
-        for run, events, c, t_lo, t_hi in measured_windows(record, by_run):
-            core[(run["variant"], run["boot"], c)] = [
-                statistics.fmean(e["core_us"]) for e in events
-                if e["kind"] == "run" and t_lo <= e["t"] < t_hi and e["extend"] and e["bs"] == 1 and "core_us" in e]
+        for run, c, e in one_request_prefills_by_run(record, by_run, "core_us"):
+            core.setdefault((run["variant"], run["boot"], c), []).append(statistics.fmean(e["core_us"]))
         ttft = {(run["variant"], run["boot"], int(c)): cell.get("median_ttft_ms")
                 for run in record["runs"] for c, cell in (run.get("cells") or {}).items()}
         for (variant, boot, c), theirs in sorted(ttft.items(), key=lambda kv: (kv[0][2], str(kv[0][1]), kv[0][0])):

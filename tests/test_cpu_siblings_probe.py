@@ -80,5 +80,9 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert probe.main(["--samples", "0"]) == 2
     assert "--samples must be at least 1" in capsys.readouterr().err
     if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        # A missing directory is refused before the measurement; a path that cannot be written
+        # (here a directory) after it.
         rc = probe.main(["--samples", "2", "--out", str(tmp_path / "no-such-dir" / "x.json")])
+        assert rc == 2 and "no such directory" in capsys.readouterr().err
+        rc = probe.main(["--samples", "2", "--out", str(tmp_path)])
         assert rc == 2 and "cannot write" in capsys.readouterr().err

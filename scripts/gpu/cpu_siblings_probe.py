@@ -31,20 +31,18 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-LOOPS = 2000
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu_harness import child_env  # noqa: E402
+
+#: The serving probe's fixed piece of work (``SMOKE_CORE_SPEED``'s ``core_us``): the same
+#: reading that the serving records carry around each prefill launch.
+sched_timeline = child_env.probe_module("sched_timeline")
+work_us = sched_timeline.core_us
 #: A spinner on a sibling hyperthread slows the work by at least this much.
 THRESHOLD = 1.15
 #: Ratios at or below this are clearly not a sibling; between the two is ambiguous.
 CLEAR = 1.08
-
-
-def work_us(loops: int = LOOPS) -> float:
-    """Microseconds for ``loops`` rounds of small-integer arithmetic."""
-    t0 = time.perf_counter()
-    x = 0
-    for i in range(loops):
-        x = (x + i * 3) & 0xFFFF
-    return (time.perf_counter() - t0) * 1e6
 
 
 def reading(samples: int) -> float:
@@ -162,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 1.0 <= args.clear < args.threshold:
         print("error: needs 1 <= --clear < --threshold", file=sys.stderr)
         return 2
+    if args.out and not args.out.parent.is_dir():  # before the measurement, not after it
+        print(f"error: cannot write {args.out}: no such directory", file=sys.stderr)
+        return 2
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         print("error: one CPU available: nothing to compare", file=sys.stderr)
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     base, ratio = measure_all(cpus, args.samples)
     cores, problems = group_cores(cpus, ratio, args.threshold, args.clear)
-    doc = {"cpus": cpus, "samples": args.samples, "loops": LOOPS, "threshold": args.threshold, "clear": args.clear,
+    doc = {"cpus": cpus, "samples": args.samples, "loops": sched_timeline.CORE_SPEED_LOOPS, "threshold": args.threshold, "clear": args.clear,
            "cores": cores, "problems": problems, "base_us": {str(c): round(v, 2) for c, v in base.items()},
            "ratio": {str(c): {str(o): v for o, v in r.items()} for c, r in ratio.items()},
            "sysfs": sysfs_view(cpus), "seconds": round(time.monotonic() - t0, 1)}
