@@ -86,3 +86,26 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert rc == 2 and "no such directory" in capsys.readouterr().err
         rc = probe.main(["--samples", "2", "--out", str(tmp_path)])
         assert rc == 2 and "cannot write" in capsys.readouterr().err
+
+
+def test_summarize_sets_stored_runs_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--summarize``: per stored run the work alone, the slowed pairs (both ways, one way),
+    those above x1.5 and the largest ratio; then the slowed pairs each two runs share."""
+    def run(name: str, slow: dict[tuple[int, int], float]) -> Path:
+        cpus = [0, 1, 2]
+        doc = {"threshold": 1.15, "base_us": {"0": 100.0, "1": 120.0, "2": 200.0},
+               "ratio": {str(c): {str(o): v for o, v in row.items()} for c, row in matrix(cpus, slow).items()}}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(doc))
+        return path
+
+    a = run("a", {(0, 1): 1.6, (1, 0): 1.7, (2, 0): 1.2})
+    b = run("b", {(0, 1): 1.3, (1, 2): 2.0})
+    assert probe.main(["--summarize", str(a), str(b)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| a | 120.0 (100.0 - 200.0) | 3 | 2 | 1 | 1 | x1.700 |"
+    assert lines[3] == "| b | 120.0 (100.0 - 200.0) | 2 | 1 | 0 | 2 | x2.000 |"
+    assert lines[-1] == "Slowed pairs two runs share: a / b: 1."
+    (tmp_path / "bad.json").write_text("{}")
+    assert probe.main(["--summarize", str(tmp_path / "bad.json")]) == 2
+    assert "not a probe run" in capsys.readouterr().err

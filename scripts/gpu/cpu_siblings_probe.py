@@ -12,6 +12,7 @@ times: a fixed pairing reads the same pairs every time; vCPUs that the hyperviso
 host threads read different ones (and pairs that are slow one way only).
 
     python3 scripts/gpu/cpu_siblings_probe.py --out cpu-siblings.json
+    python3 scripts/gpu/cpu_siblings_probe.py --summarize run-1.json run-2.json   # stored runs, side by side
 
 Prints each CPU's slowest partner and the CPUs grouped by measured physical core; the JSON holds
 ``cores`` (null when the reading is not a fixed pairing), ``problems``, every ratio and sysfs's
@@ -129,6 +130,30 @@ def measure_all(cpus: Sequence[int], samples: int) -> tuple[dict[int, float], di
     return base, ratio
 
 
+def summarize(docs: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """Markdown: per stored run (name, the probe's JSON) the work alone (median and range over
+    the CPUs), how many ordered pairs read slower than the run's threshold and than x1.5, how
+    many of those pairs were slow both ways and one way only, and the largest ratio; then how
+    many slowed pairs each two runs share (a fixed pairing shares them all)."""
+    slowed: dict[str, set[tuple[str, str]]] = {}
+    out = ["| run | work alone, us: median (min - max over CPUs) | pairs slowed > threshold | of them > x1.5 | "
+           "slowed both ways (pairs) | slowed one way only | largest |", "|---|---|---|---|---|---|---|"]
+    for name, doc in docs:
+        ratios = [(c, o, v) for c, row in doc["ratio"].items() for o, v in row.items()]
+        slow = {(c, o) for c, o, v in ratios if v > doc["threshold"]}
+        slowed[name] = slow
+        both = {frozenset(p) for p in slow if (p[1], p[0]) in slow}
+        base = list(doc["base_us"].values())
+        out.append(f"| {name} | {statistics.median(base):.1f} ({min(base):.1f} - {max(base):.1f}) | {len(slow)} | "
+                   f"{sum(v > 1.5 for _, _, v in ratios)} | {len(both)} | "
+                   f"{sum((o, c) not in slow for c, o in slow)} | x{max(v for _, _, v in ratios):.3f} |")
+    names = [name for name, _ in docs]
+    shared = [f"{a} / {b}: {len(slowed[a] & slowed[b])}" for i, a in enumerate(names) for b in names[i + 1:]]
+    if shared:
+        out += ["", "Slowed pairs two runs share: " + ", ".join(shared) + "."]
+    return "\n".join(out)
+
+
 def sysfs_view(cpus: Sequence[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for c in cpus:
@@ -150,7 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clear", type=float, default=CLEAR,
                    help=f"not a sibling at or below this; between the two is ambiguous (default {CLEAR})")
     p.add_argument("--out", type=Path, help="write the JSON here")
+    p.add_argument("--summarize", nargs="+", type=Path, metavar="JSON",
+                   help="instead of measuring: a Markdown table of these stored runs (their --out files)")
     args = p.parse_args(argv)
+    if args.summarize:
+        try:
+            docs = [(path.stem, json.loads(path.read_text())) for path in args.summarize]
+            print(summarize(docs))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            print(f"error: --summarize: not a probe run: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if not hasattr(os, "sched_setaffinity"):
         print("error: needs Linux (os.sched_setaffinity)", file=sys.stderr)
         return 2
