@@ -148,7 +148,8 @@ RETIRED_MODES = {
 #: Variants that run the plugin (its startup line must be in their log, and only theirs).
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")
 #: The timeline probe's settings a caller may set in the environment (recorded in the config).
-PROBE_ENV = ("SMOKE_SAMPLE_DEPTH", "SMOKE_STEADY_SAMPLE_EVERY", "SMOKE_TIME_FUNCS", "SMOKE_CORE_SPEED")
+PROBE_ENV = ("SMOKE_SAMPLE_DEPTH", "SMOKE_STEADY_SAMPLE_EVERY", "SMOKE_TIME_FUNCS", "SMOKE_CORE_SPEED",
+             "SMOKE_CALL_CENSUS")
 #: Bootstrap resamples for the pooled TTFT ratios' interval (seeded: the record is reproducible).
 BOOTSTRAP_N = 1000
 #: Draft shapes (``--spec``): ``chain`` 3 steps / topk 1 / 4 draft tokens (SGLang's choice for
@@ -523,9 +524,20 @@ def t95(df: int) -> float:
     return T95[max(k for k in T95 if k <= df)]
 
 
+def pair_placement(docs: Sequence[dict[str, Any]]) -> str:
+    """How a boot's servers ran in these records, as the boot-pair table says it: side by side
+    (``--gpus``, one GPU each, at the same time) or one after the other (one GPU)."""
+    side = [bool(d["environment"]["config"].get("gpus")) for d in docs]
+    if all(side):
+        return "side by side"
+    if not any(side):
+        return "one after the other"
+    return "side by side in some records, one after the other in the others"
+
+
 def boot_pair_ratios(runs: Sequence[dict[str, Any]], other: str = "patched") -> dict[int, dict[str, dict[str, Any]]]:
     """Per concurrency and ``PAIR_KEYS`` cell: each boot pair's stock / ``other`` (the two servers
-    of one boot of one record, which ran side by side), their geometric mean (``ratio``), its 95%
+    of one boot of one record), their geometric mean (``ratio``), its 95%
     interval over the pairs (Student's t on the log ratios; None with one pair) and how many pairs
     an interval of +-3% would take at this scatter (``pairs_for_3pct``).
 
@@ -1344,7 +1356,7 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
                       "between boots: the boot pairs below count it]):", "", pooled]
         paired = format_pair_table(boot_pair_ratios(runs, other))
         if paired:
-            lines += ["", f"Boot pairs, stock -> {other} (a boot's two servers ran side by side; x: the geometric "
+            lines += ["", f"Boot pairs, stock -> {other} (a boot's two servers ran {pair_placement(docs)}; x: the geometric "
                       "mean of the pairs' ratios, [95% interval over pairs, which counts the scatter between "
                       "boots]; +-3%: the pairs an interval of +-3% would need at this scatter):", "", paired]
     same = format_same_outputs(same_outputs(runs))

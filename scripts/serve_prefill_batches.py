@@ -78,6 +78,12 @@ readings and compares the pairs at equal core speed (``core_pair_rows``, ``core_
 on machines whose vCPUs differ in speed from server to server, the pair's ratio less the part
 that follows its cores.
 
+``--census`` prints instead, for a run with ``SMOKE_CALL_CENSUS=N``, the calls made inside the
+one-request prefill launches the probe counted, both sides' launches matched prompt by prompt,
+and the calls whose count differs (``census_rows``): counts, unlike times, do not move with the
+core's speed, so a launch that takes more CPU per core microsecond either makes more calls
+(listed there) or makes the same calls more slowly.
+
 ``--poll-wait`` prints instead, per concurrency and variant over every boot, how long each measured
 request waited between the API server sending it and the scheduler receiving it, split by what
 the scheduler thread was doing when it was sent (a decode or prefill launch, a decode's or a
@@ -1026,6 +1032,101 @@ def core_speed_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+#: The file name the plugin compiles an edited SGLang function under (``_engine.MARK``), and
+#: what it stands for: the module, then the function's qualified name and a digest.
+_EDITED_FILE = re.compile(r"^py <__sglang_futuremap_patch__ edit of (?:[\w.]+\.)?(\w+):\S+ \w+>:(.+)$")
+#: Census rows: the calls whose count per launch differs most, at most this many per variant.
+CENSUS_TOP = 40
+
+
+def census_name(key: str) -> str:
+    """A census key (``sched_timeline.census_key``) with a function the plugin edited by text
+    named as SGLang's own (its module's file), so the two sides' counts of it meet."""
+    m = _EDITED_FILE.match(key)
+    return f"py {m.group(1)}.py:{m.group(2)}" if m else key
+
+
+def census_launches(by_run: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Each server run's census launches (``run`` events with ``census``, a run with
+    ``SMOKE_CALL_CENSUS``), in launch order."""
+    out = {}
+    for name, events in by_run.items():
+        launches = sorted((e for e in events if e["kind"] == "run" and "census" in e), key=lambda e: e["t"])
+        if launches:
+            out[name] = launches
+    return out
+
+
+def census_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """Per variant beside stock: the census launches of each boot's two servers of one record,
+    matched in launch order (the same prompts in the same order on both sides, so the k-th of
+    each is the same prompt: a match needs the same token count), and over the matches the calls
+    per launch on each side (Python, C) and every call whose count differs, by how much per
+    launch (this side less stock), largest first. The counts do not depend on the core's speed:
+    a difference is code that ran on one side only, or more often."""
+    acc: dict[str, dict[str, Any]] = {}
+    for record, by_run in pairs:
+        launches = census_launches(by_run)
+        for run in record["runs"]:
+            variant, boot = run["variant"], run["boot"]
+            stock = launches.get(f"stock-boot{boot}")
+            theirs = launches.get(f"{variant}-boot{boot}")
+            if variant == "stock" or not stock or not theirs:
+                continue
+            a = acc.setdefault(variant, {"matched": 0, "unmatched": 0, "py": [0, 0], "c": [0, 0],
+                                         "diff": collections.Counter(), "stock": collections.Counter()})
+            for s_ev, t_ev in zip(stock, theirs):
+                if s_ev.get("tokens") != t_ev.get("tokens"):
+                    a["unmatched"] += 1
+                    continue
+                a["matched"] += 1
+                counts = [collections.Counter(), collections.Counter()]
+                for side, ev in enumerate((s_ev, t_ev)):
+                    for key, n in ev["census"].items():
+                        counts[side][census_name(key)] += n
+                        a["py" if key.startswith("py ") else "c"][side] += n
+                a["stock"].update(counts[0])
+                for key in set(counts[0]) | set(counts[1]):
+                    a["diff"][key] += counts[1][key] - counts[0][key]
+            a["unmatched"] += abs(len(stock) - len(theirs))
+    rows = []
+    for variant, a in sorted(acc.items()):
+        n = a["matched"]
+        if not n:
+            rows.append({"variant": variant, "matched": 0, "unmatched": a["unmatched"]})
+            continue
+        differ = sorted(((k, d / n) for k, d in a["diff"].items() if d), key=lambda kv: (-abs(kv[1]), kv[0]))
+        rows.append({"variant": variant, "matched": n, "unmatched": a["unmatched"],
+                     "py_calls": [a["py"][0] / n, a["py"][1] / n], "c_calls": [a["c"][0] / n, a["c"][1] / n],
+                     "differ": len(differ),
+                     "top": [{"call": k, "stock": a["stock"][k] / n, "difference": d} for k, d in differ[:CENSUS_TOP]]})
+    return rows
+
+
+def census_table(rows: list[dict[str, Any]]) -> str:
+    """``census_rows`` as Markdown: the calls per launch on each side, then the calls whose
+    count differs."""
+    out = ["Calls inside the one-request prefill launches the probe counted (`--census`: a run with "
+           "`SMOKE_CALL_CENSUS`; each side's launches matched in order, the same prompt and token count; "
+           "per launch, mean over the matched launches; this side less stock):", "",
+           "| variant | launches matched (not matched) | Python calls, stock -> this | C calls, stock -> this | calls whose count differs |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        if not r["matched"]:
+            out.append(f"| {r['variant']} | 0 ({r['unmatched']}) | - | - | - |")
+            continue
+        out.append(f"| {r['variant']} | {r['matched']} ({r['unmatched']}) | {r['py_calls'][0]:.1f} -> "
+                   f"{r['py_calls'][1]:.1f} ({r['py_calls'][1] - r['py_calls'][0]:+.1f}) | {r['c_calls'][0]:.1f} -> "
+                   f"{r['c_calls'][1]:.1f} ({r['c_calls'][1] - r['c_calls'][0]:+.1f}) | {r['differ']} |")
+    for r in rows:
+        if r.get("top"):
+            out += ["", f"Stock -> {r['variant']}: the calls whose count per launch differs most "
+                    f"(at most {CENSUS_TOP}; `py FILE:FUNCTION`, `c` a C function):", "",
+                    "| call | stock per launch | difference per launch |", "|---|---|---|"]
+            out += [f"| `{t['call']}` | {t['stock']:.1f} | {t['difference']:+.1f} |" for t in r["top"]]
+    return "\n".join(out)
+
+
 def compile_rows(by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per variant, kernel and first caller: the Triton JIT compiles of the scheduler's process
     (``compile`` events, timelines from 2026-11-26 on), how many servers had them, how many and
@@ -1704,6 +1805,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: each boot pair's TTFT p50 ratio beside the ratio of its two servers' core speeds "
                         "(a run with SMOKE_CORE_SPEED=1), and per concurrency and variant the pairs' TTFT ratio "
                         "as measured and at equal core speed")
+    p.add_argument("--census", action="store_true",
+                   help="instead: the calls inside the one-request prefill launches the probe counted (a run with "
+                        "SMOKE_CALL_CENSUS=N), each side's launches matched in order, and the calls whose count differs")
     p.add_argument("--slope", type=float,
                    help="with --core-pairs: how much of a pair's log TTFT ratio follows its log core ratio "
                         "(default: fitted over the pairs of each concurrency)")
@@ -1753,9 +1857,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if (args.launches + args.stalls + args.strata + args.compiles + args.frames + args.host_speed + args.intake
             + args.token_times + args.poll_wait + args.functions + args.ftimes + args.waves + args.host_states
-            + args.core_speed + args.core_pairs > 1):
+            + args.core_speed + args.core_pairs + args.census > 1):
         print("serve_prefill_batches: one of --launches, --stalls, --strata, --compiles, --frames, --functions, --ftimes, "
-              "--host-speed, --host-states, --core-speed, --core-pairs, --intake, --token-times, --poll-wait, --waves",
+              "--host-speed, --host-states, --core-speed, --core-pairs, --census, --intake, --token-times, --poll-wait, "
+              "--waves",
               file=sys.stderr)
         return 2
     if len(args.pairs) % 2:
@@ -1800,6 +1905,14 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         print(json.dumps({key: rows}, indent=1) if args.json else table_of(rows))
+        return 0
+    if args.census:
+        rows = census_rows([(record, by_run) for _, record, by_run in pairs])
+        if not rows:
+            print("serve_prefill_batches: no boot with census launches on both sides in these logs "
+                  "(a run with SMOKE_CALL_CENSUS=N)", file=sys.stderr)
+            return 1
+        print(json.dumps({"census": rows}, indent=1) if args.json else census_table(rows))
         return 0
     if args.core_pairs:
         rows = core_pair_rows([(path.parent.name, record, by_run) for path, record, by_run in pairs])

@@ -499,6 +499,56 @@ def test_timeline_probe_reads_the_cores_speed_around_each_prefill_launch(tmp_pat
     assert not {"core_us", "gc"} & set([e for e in tl.events if e["kind"] == "run"][-1])  # off: not read
 
 
+def _census_leaf(n: int) -> int:
+    """A Python function a stand-in launch calls (the census counts it by name)."""
+    return sum(abs(-i) for i in range(n))  # one C call (sum) and n more (abs) per call
+
+
+def test_timeline_probe_counts_every_call_inside_the_census_prefill_launches(tmp_path: Path, monkeypatch) -> None:
+    """With ``SMOKE_CALL_CENSUS=N`` the N one-request prefill launches after the first
+    ``CENSUS_SKIP`` carry ``census``: every Python call (by file and qualified name) and C call
+    (by qualified name) made inside the launch, the probe's own wrappers left out, and the
+    launch's token count; the thread's profiler is off again once the launch returns. Other
+    launches (earlier or later prefills, larger prefills, decodes) carry none."""
+    class Scheduler:
+        def process_input_requests(self, recv_reqs): ...
+        def run_batch(self, batch):
+            for _ in range(batch.calls):
+                _census_leaf(3)
+        def process_batch_result(self, batch, result): ...
+
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(st, "CALL_CENSUS", 2)
+    monkeypatch.setattr(st, "CORE_SPEED", False)
+    monkeypatch.setattr(st.Timeline, "watch_gc", lambda self, where: None)
+    tl = st.Timeline(str(tmp_path))
+    tl.install(Scheduler)
+    sched = Scheduler()
+
+    def batch(mode: str, reqs: int, calls: int, tokens: int = 7):
+        return SimpleNamespace(forward_mode=StandInMode(mode), reqs=[SimpleNamespace(rid=f"r{i}") for i in range(reqs)],
+                               calls=calls, extend_num_tokens=tokens)
+
+    for b in (batch("EXTEND", 1, 1), batch("EXTEND", 1, 1),  # the first CENSUS_SKIP: skipped
+              batch("EXTEND", 2, 1), batch("DECODE", 1, 1),  # not one-request prefills
+              batch("EXTEND", 1, 2, tokens=11), batch("EXTEND", 1, 3), batch("EXTEND", 1, 1)):
+        sched.run_batch(b)
+    assert sys.getprofile() is None
+    runs = [e for e in tl.events if e["kind"] == "run"]
+    counted = [e for e in runs if "census" in e]
+    assert [runs.index(e) for e in counted] == [4, 5]  # the 3rd and 4th one-request prefills
+    first, second = (e["census"] for e in counted)
+    leaf = f"py {Path(__file__).name}:_census_leaf"
+    runner = f"py {Path(__file__).name}:test_timeline_probe_counts_every_call_inside_the_census_prefill_launches.<locals>.Scheduler.run_batch"
+    assert (first[leaf], second[leaf]) == (2, 3)
+    assert first[runner] == 1 and first["c sum"] == 2 and first["c abs"] == 6
+    assert not [k for k in first if "sched_timeline" in k]  # the probe's own wrappers left out
+    assert counted[0]["tokens"] == 11 and counted[1]["tokens"] == 7
+    assert st.census_key(None, "return", None) is None
+    assert st.batch_tokens(SimpleNamespace(extend_num_tokens=None)) is None
+
+
 GPU_FIELDS = ("host_bound", "prev_prefill_done")
 
 
@@ -1643,7 +1693,13 @@ def test_merge_sets_out_boot_pairs_with_an_interval_that_counts_the_scatter_betw
     assert ttft["pairs_for_3pct"] == math.ceil((1.96 * sd / math.log(1.03)) ** 2)
     assert pairs["median_tpot_ms"]["ratio"] == pytest.approx(10 / 8) and pairs["median_tpot_ms"]["pairs_for_3pct"] == 0
     md = sb.merge([a, b])
-    assert "Boot pairs, stock -> patched" in md
+    # Neither record ran its servers on two GPUs at once: one after the other.
+    assert "Boot pairs, stock -> patched (a boot's two servers ran one after the other;" in md
+    side = json.loads(b.read_text())
+    side["environment"]["config"]["gpus"] = ["0", "1"]
+    b.write_text(json.dumps(side))
+    assert "(a boot's two servers ran side by side;" in sb.merge([b])
+    assert "(a boot's two servers ran side by side in some records, one after the other in the others;" in sb.merge([a, b])
     # The pooled table says what its interval leaves out, and points here.
     assert "[90% bootstrap interval over requests, which leaves out the scatter between boots" in md
     row = next(line for line in md.splitlines() if line.startswith("| 32 | 3 | x"))

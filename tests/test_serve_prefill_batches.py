@@ -1131,3 +1131,51 @@ def test_host_states_say_on_which_physical_core_each_server_ran_slow_and_whether
     # without the record's cpu_cores each CPU stands for itself
     assert spb.where_slow([{"cpu_ms": 20.0, "core": 5, "preempted": 0}], 10.0, None) == {
         "cores": {"5": [1, 1]}, "preempted": [0.0, None]}
+
+
+def test_census_matches_each_sides_launches_prompt_by_prompt_and_lists_the_calls_that_differ(
+        tmp_path: Path, capsys) -> None:
+    """``--census``: per boot, the k-th census launch of stock meets the k-th of the other side
+    when their token counts agree (else neither counts); per matched launch, both sides' Python
+    and C calls and every call whose count differs (this side less stock), largest first. A
+    function the plugin edited by text (compiled under its own file name) counts as SGLang's."""
+    edited = ("py <__sglang_futuremap_patch__ edit of sglang.srt.managers.schedule_batch:"
+              "ScheduleBatch.prepare_for_extend 0123456789ab>:ScheduleBatch.prepare_for_extend")
+
+    def launch(t: float, tokens: int, extra: dict[str, int]) -> dict:
+        census = {"py model_runner.py:ModelRunner.forward": 2, "c TensorBase.copy_": 10,
+                  "py schedule_batch.py:ScheduleBatch.prepare_for_extend": 1, **extra}
+        return {"kind": "run", "t": t, "t1": t + 0.01, "mode": "EXTEND", "extend": True, "bs": 1, "rids": [f"r{t}"],
+                "census": census, "tokens": tokens}
+
+    files = {}
+    for boot in (0, 1):
+        stock = [launch(1.0, 5, {}), launch(2.0, 9, {}), launch(3.0, 4, {})]
+        patched = [launch(1.0, 5, {"c TensorBase.copy_": 13, "py publish_stash.py:publish": 1}),
+                   launch(2.0, 9, {"c TensorBase.copy_": 11, "py publish_stash.py:publish": 1}),
+                   launch(3.0, 6, {"c TensorBase.copy_": 99})]  # another prompt: not matched
+        # The plugin's edit of prepare_for_extend, under its own file name: the same function.
+        for ev in patched:
+            ev["census"][edited] = ev["census"].pop("py schedule_batch.py:ScheduleBatch.prepare_for_extend")
+        for variant, evs in (("stock", stock), ("patched", patched)):
+            files[f"timeline/{variant}-boot{boot}/timeline-{boot}.json"] = {"events": evs}
+    rec = tmp_path / "serve-bench.json"
+    rec.write_text(json.dumps(_record([(v, b, {"2": 10.0}) for b in (0, 1) for v in ("stock", "patched")])))
+    logs = _tar(tmp_path / "serve-logs.tar.gz", files)
+
+    assert spb.main(["--census", "--json", str(rec), str(logs)]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["census"]
+    assert (row["variant"], row["matched"], row["unmatched"]) == ("patched", 4, 2)
+    assert row["py_calls"] == [3.0, 4.0] and row["c_calls"] == [10.0, 12.0]
+    assert row["differ"] == 2
+    assert row["top"] == [{"call": "c TensorBase.copy_", "stock": 10.0, "difference": 2.0},
+                          {"call": "py publish_stash.py:publish", "stock": 0.0, "difference": 1.0}]
+    assert spb.census_name(edited) == "py schedule_batch.py:ScheduleBatch.prepare_for_extend"
+    assert spb.main(["--census", str(rec), str(logs)]) == 0
+    table = capsys.readouterr().out
+    assert "| patched | 4 (2) | 3.0 -> 4.0 (+1.0) | 10.0 -> 12.0 (+2.0) | 2 |" in table
+    assert "| `c TensorBase.copy_` | 10.0 | +2.0 |" in table
+    plain = _tar(tmp_path / "p.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events([["a"]])}})
+    assert spb.main(["--census", str(rec), str(plain)]) == 1
+    assert "SMOKE_CALL_CENSUS" in capsys.readouterr().err
+    assert spb.main(["--census", "--core-speed", str(rec), str(logs)]) == 2

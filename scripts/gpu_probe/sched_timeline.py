@@ -106,6 +106,7 @@ import functools
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 from typing import Any, Iterable, Sequence
@@ -218,6 +219,16 @@ TIME_FUNCS = timed_function_names(os.environ.get("SMOKE_TIME_FUNCS"))
 #: Python garbage collections inside the launch (count per generation and their time): the
 #: two ways the same SGLang code can take more CPU time on an unchanged core.
 CORE_SPEED = os.environ.get("SMOKE_CORE_SPEED") == "1"
+#: ``SMOKE_CALL_CENSUS=N`` (the server's environment): the N one-request prefill launches after
+#: the first ``CENSUS_SKIP`` prefills each count every call the scheduler thread makes inside
+#: them (``sys.setprofile`` on that thread only, for the launch only): Python functions by file
+#: and qualified name, C functions by qualified name. The ``run`` event carries the counts
+#: (``census``) and the launch's token count (``tokens``). The counts do not depend on how fast
+#: the core is: two sides' launches of the same prompt make the same calls unless their code
+#: differs (``serve_prefill_batches.py --census``). The profiled launches are slow (every call
+#: goes through the counter), on both sides alike; read them for counts, never for time.
+CALL_CENSUS = max(0, int(os.environ.get("SMOKE_CALL_CENSUS") or 0))
+CENSUS_SKIP = 2
 CORE_SPEED_LOOPS = 2000
 DRIVER_CALLS = 20
 KERNEL_CALLS = 20
@@ -458,6 +469,34 @@ def involuntary_switches() -> int | None:
         return None
 
 
+def census_key(frame: Any, event: str, arg: Any) -> str | None:
+    """The census's name of one profiler event (``sys.setprofile``): ``py FILE:QUALNAME`` for a
+    Python call (the file's base name), ``c QUALNAME`` for a C call, None for the rest (returns,
+    exceptions)."""
+    if event == "call":
+        code = frame.f_code
+        return f"py {os.path.basename(code.co_filename)}:{getattr(code, 'co_qualname', code.co_name)}"
+    if event == "c_call":
+        return "c " + str(getattr(arg, "__qualname__", None) or getattr(arg, "__name__", None) or type(arg).__name__)
+    return None
+
+
+def census_profiler(counts: dict[str, int], skip_file: str) -> Any:
+    """A ``sys.setprofile`` function that counts each call into ``counts`` by ``census_key``,
+    leaving out Python calls of ``skip_file`` (the probe's own wrappers)."""
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        key = census_key(frame, event, arg)
+        if key is not None and not (event == "call" and os.path.basename(frame.f_code.co_filename) == skip_file):
+            counts[key] = counts.get(key, 0) + 1
+    return profile
+
+
+def batch_tokens(batch: Any) -> int | None:
+    """The tokens a prefill batch extends by (SGLang's ``extend_num_tokens``), None without."""
+    n = getattr(batch, "extend_num_tokens", None)
+    return int(n) if isinstance(n, int) else None
+
+
 def core_us(loops: int = CORE_SPEED_LOOPS) -> float:
     """Microseconds the calling thread takes for ``loops`` rounds of small-integer arithmetic in
     Python: the same work every time, so it reads the core's speed right now (a preemption
@@ -591,6 +630,8 @@ class Timeline:
         # (collections of generation 0 / 1 / 2, seconds), None outside one; ``watch_gc`` adds.
         self.launch_gc: list[Any] | None = None
         self.steady_seen = 0
+        # CALL_CENSUS: one-request prefill launches seen so far (scheduler thread only).
+        self.prefills_seen = 0
         self.last_extend = False
         self.lag_started = False
         # GPU timing (scheduler thread only): the previous launch's end event, the previous
@@ -785,11 +826,14 @@ class Timeline:
             sample_steady = steady and tl.steady_seen % STEADY_SAMPLE_EVERY == 0
             tl.launching = "prefill" if extend else ("next" if after_prefill else ("steady" if sample_steady else None))
             gpu = tl.gpu_start(self, batch, timed=extend or after_prefill)
+            census = tl.census_start(batch) if CALL_CENSUS and extend else None
             result = None
             try:
                 result = orig_run(self, batch, *a, **k)
                 return result
             finally:
+                if census is not None:
+                    sys.setprofile(None)
                 tl.launching, tl.last_extend = None, extend
                 ev = _interval("run", batch, t0)
                 ev["cpu_ms"] = round((time.thread_time() - c0) * 1000, 3)
@@ -808,6 +852,9 @@ class Timeline:
                         ev["kernel_us"] = [speed[2], after[2]]
                     if gc_seen is not None:
                         ev["gc"] = gc_seen[:3] + [round(gc_seen[3] * 1e3, 3)]
+                if census is not None:
+                    ev["census"] = census
+                    ev["tokens"] = batch_tokens(batch)
                 if sample_steady:
                     ev["sampled"] = True
                 if ev["extend"]:
@@ -840,6 +887,19 @@ class Timeline:
         threading.Thread(target=self._ticker, name="sched-timeline", daemon=True).start()
         threading.Thread(target=self._sampler, args=(threading.get_ident(),),
                          name="sched-timeline-sampler", daemon=True).start()
+
+    def census_start(self, batch: Any) -> dict[str, int] | None:
+        """``CALL_CENSUS``: for a one-request prefill launch in the census's range, the empty
+        counts and the thread's profiler counting into them (the caller turns it off when the
+        launch returns); None for any other launch."""
+        if len(getattr(batch, "reqs", ()) or ()) != 1:
+            return None
+        self.prefills_seen += 1
+        if not CENSUS_SKIP < self.prefills_seen <= CENSUS_SKIP + CALL_CENSUS:
+            return None
+        counts: dict[str, int] = {}
+        sys.setprofile(census_profiler(counts, os.path.basename(__file__)))
+        return counts
 
     def time_functions(self, names: Sequence[str], tid: int) -> None:
         """Wrap each ``module:Qualname`` in ``names`` (``find_timed_function``; a class or static
