@@ -1059,8 +1059,10 @@ def census_launches(by_run: dict[str, list[dict[str, Any]]]) -> dict[str, list[d
 
 def census_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
     """Per variant beside stock: the census launches of each boot's two servers of one record,
-    matched in launch order (the same prompts in the same order on both sides, so the k-th of
-    each is the same prompt: a match needs the same token count), and over the matches the calls
+    matched prompt by prompt (each stock launch, in order, with the other side's first unmatched
+    launch of the same token count: the same seeded prompts on both sides, whatever health
+    checks came before them; launches without a partner are counted apart), and over the
+    matches the calls
     per launch on each side (Python, C) and every call whose count differs, by how much per
     launch (this side less stock), largest first. The counts do not depend on the core's speed:
     a difference is code that ran on one side only, or more often."""
@@ -1075,10 +1077,15 @@ def census_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
                 continue
             a = acc.setdefault(variant, {"matched": 0, "unmatched": 0, "py": [0, 0], "c": [0, 0],
                                          "diff": collections.Counter(), "stock": collections.Counter()})
-            for s_ev, t_ev in zip(stock, theirs):
-                if s_ev.get("tokens") != t_ev.get("tokens"):
-                    a["unmatched"] += 1
-                    continue
+            free = list(theirs)
+            matched = []
+            for s_ev in stock:
+                t_ev = next((e for e in free if e.get("tokens") is not None and e.get("tokens") == s_ev.get("tokens")), None)
+                if t_ev is not None:
+                    free.remove(t_ev)
+                    matched.append((s_ev, t_ev))
+            a["unmatched"] += len(stock) + len(theirs) - 2 * len(matched)
+            for s_ev, t_ev in matched:
                 a["matched"] += 1
                 counts = [collections.Counter(), collections.Counter()]
                 for side, ev in enumerate((s_ev, t_ev)):
@@ -1088,7 +1095,6 @@ def census_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
                 a["stock"].update(counts[0])
                 for key in set(counts[0]) | set(counts[1]):
                     a["diff"][key] += counts[1][key] - counts[0][key]
-            a["unmatched"] += abs(len(stock) - len(theirs))
     rows = []
     for variant, a in sorted(acc.items()):
         n = a["matched"]
@@ -1107,9 +1113,9 @@ def census_table(rows: list[dict[str, Any]]) -> str:
     """``census_rows`` as Markdown: the calls per launch on each side, then the calls whose
     count differs."""
     out = ["Calls inside the one-request prefill launches the probe counted (`--census`: a run with "
-           "`SMOKE_CALL_CENSUS`; each side's launches matched in order, the same prompt and token count; "
+           "`SMOKE_CALL_CENSUS`; the two sides' launches matched by prompt, the same token count; "
            "per launch, mean over the matched launches; this side less stock):", "",
-           "| variant | launches matched (not matched) | Python calls, stock -> this | C calls, stock -> this | calls whose count differs |",
+           "| variant | launch pairs matched (launches without a partner) | Python calls, stock -> this | C calls, stock -> this | calls whose count differs |",
            "|---|---|---|---|---|"]
     for r in rows:
         if not r["matched"]:

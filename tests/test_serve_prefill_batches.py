@@ -1135,8 +1135,9 @@ def test_host_states_say_on_which_physical_core_each_server_ran_slow_and_whether
 
 def test_census_matches_each_sides_launches_prompt_by_prompt_and_lists_the_calls_that_differ(
         tmp_path: Path, capsys) -> None:
-    """``--census``: per boot, the k-th census launch of stock meets the k-th of the other side
-    when their token counts agree (else neither counts); per matched launch, both sides' Python
+    """``--census``: per boot, each stock census launch meets the other side's first unmatched
+    launch of the same token count (a health check's launch before them on one side only shifts
+    nothing; launches without a partner are counted apart); per matched launch, both sides' Python
     and C calls and every call whose count differs (this side less stock), largest first. A
     function the plugin edited by text (compiled under its own file name) counts as SGLang's."""
     edited = ("py <__sglang_futuremap_patch__ edit of sglang.srt.managers.schedule_batch:"
@@ -1151,7 +1152,8 @@ def test_census_matches_each_sides_launches_prompt_by_prompt_and_lists_the_calls
     files = {}
     for boot in (0, 1):
         stock = [launch(1.0, 5, {}), launch(2.0, 9, {}), launch(3.0, 4, {})]
-        patched = [launch(1.0, 5, {"c TensorBase.copy_": 13, "py publish_stash.py:publish": 1}),
+        patched = [launch(0.5, 1, {"c TensorBase.copy_": 50}),  # a health check's prefill, this side only
+                   launch(1.0, 5, {"c TensorBase.copy_": 13, "py publish_stash.py:publish": 1}),
                    launch(2.0, 9, {"c TensorBase.copy_": 11, "py publish_stash.py:publish": 1}),
                    launch(3.0, 6, {"c TensorBase.copy_": 99})]  # another prompt: not matched
         # The plugin's edit of prepare_for_extend, under its own file name: the same function.
@@ -1165,7 +1167,7 @@ def test_census_matches_each_sides_launches_prompt_by_prompt_and_lists_the_calls
 
     assert spb.main(["--census", "--json", str(rec), str(logs)]) == 0
     (row,) = json.loads(capsys.readouterr().out)["census"]
-    assert (row["variant"], row["matched"], row["unmatched"]) == ("patched", 4, 2)
+    assert (row["variant"], row["matched"], row["unmatched"]) == ("patched", 4, 6)  # per boot: 4, 6, 1
     assert row["py_calls"] == [3.0, 4.0] and row["c_calls"] == [10.0, 12.0]
     assert row["differ"] == 2
     assert row["top"] == [{"call": "c TensorBase.copy_", "stock": 10.0, "difference": 2.0},
@@ -1173,7 +1175,7 @@ def test_census_matches_each_sides_launches_prompt_by_prompt_and_lists_the_calls
     assert spb.census_name(edited) == "py schedule_batch.py:ScheduleBatch.prepare_for_extend"
     assert spb.main(["--census", str(rec), str(logs)]) == 0
     table = capsys.readouterr().out
-    assert "| patched | 4 (2) | 3.0 -> 4.0 (+1.0) | 10.0 -> 12.0 (+2.0) | 2 |" in table
+    assert "| patched | 4 (6) | 3.0 -> 4.0 (+1.0) | 10.0 -> 12.0 (+2.0) | 2 |" in table
     assert "| `c TensorBase.copy_` | 10.0 | +2.0 |" in table
     plain = _tar(tmp_path / "p.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events([["a"]])}})
     assert spb.main(["--census", str(rec), str(plain)]) == 1
