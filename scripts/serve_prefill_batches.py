@@ -923,12 +923,19 @@ def core_pair_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[st
     better), and the ratio of the two servers' core readings, stock / other (the median over
     each server's one-request prefill launches in the cell of the probe's ``core_us``, a run with
     ``SMOKE_CORE_SPEED=1``; above 1: the other server's core was the faster one). Pairs with no
-    reading on either side are left out. (label, record, timelines) in; one row per pair."""
+    reading on either side are left out. Each pair also gives the ratio of its two servers' launch
+    CPU time per core microsecond (``cpu_ms`` / ``core_us`` per launch, median per server), other /
+    stock (above 1: the other server's launch took more CPU per unit of core speed; None where a
+    side has no CPU times). (label, record, timelines) in; one row per pair."""
     out: list[dict[str, Any]] = []
     for label, record, by_run in pairs:
         core: dict[tuple[str, Any, int], list[float]] = {}
+        per_core: dict[tuple[str, Any, int], list[float]] = {}
         for run, c, e in one_request_prefills_by_run(record, by_run, "core_us"):
-            core.setdefault((run["variant"], run["boot"], c), []).append(statistics.fmean(e["core_us"]))
+            reading = statistics.fmean(e["core_us"])
+            core.setdefault((run["variant"], run["boot"], c), []).append(reading)
+            if "cpu_ms" in e and reading > 0:
+                per_core.setdefault((run["variant"], run["boot"], c), []).append(e["cpu_ms"] / reading)
         ttft = {(run["variant"], run["boot"], int(c)): cell.get("median_ttft_ms")
                 for run in record["runs"] for c, cell in (run.get("cells") or {}).items()}
         for (variant, boot, c), theirs in sorted(ttft.items(), key=lambda kv: (kv[0][2], str(kv[0][1]), kv[0][0])):
@@ -936,9 +943,12 @@ def core_pair_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[st
             cores = core.get(("stock", boot, c)), core.get((variant, boot, c))
             if variant == "stock" or not stock or not theirs or not all(cores):
                 continue
+            works = per_core.get(("stock", boot, c)), per_core.get((variant, boot, c))
             out.append({"record": label, "boot": boot, "concurrency": c, "variant": variant,
                         "ttft_ratio": stock / theirs,
-                        "core_ratio": statistics.median(cores[0]) / statistics.median(cores[1])})
+                        "core_ratio": statistics.median(cores[0]) / statistics.median(cores[1]),
+                        "cpu_per_core_ratio": (statistics.median(works[1]) / statistics.median(works[0])
+                                               if all(works) else None)})
     return out
 
 
@@ -989,10 +999,27 @@ def core_pair_table(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -
 
     out = ["Boot pairs by their cores (`--core-pairs`: TTFT p50 stock / other, above 1: the other side better; "
            "core: the two servers' median `core_us` over their one-request prefill launches, stock / other, "
-           "above 1: the other side's core was the faster):", "",
-           "| record | boot | conc | variant | TTFT p50 | core |", "|---|---|---|---|---|---|"]
+           "above 1: the other side's core was the faster; launch CPU per core us: the two servers' median "
+           "over those launches of CPU ms / `core_us`, other / stock, above 1: the other side's launch took more "
+           "CPU per unit of core speed):", "",
+           "| record | boot | conc | variant | TTFT p50 | core | launch CPU per core us |",
+           "|---|---|---|---|---|---|---|"]
     out += [f"| {r['record']} | {r['boot']} | {r['concurrency']} | {r['variant']} | x{r['ttft_ratio']:.3f} | "
-            f"x{r['core_ratio']:.3f} |" for r in rows]
+            f"x{r['core_ratio']:.3f} | "
+            + ("-" if r.get("cpu_per_core_ratio") is None else f"x{r['cpu_per_core_ratio']:.3f}") + " |"
+            for r in rows]
+    by_cv: dict[tuple[int, str], list[float]] = {}
+    for r in rows:
+        if r.get("cpu_per_core_ratio") is not None:
+            by_cv.setdefault((r["concurrency"], r["variant"]), []).append(r["cpu_per_core_ratio"])
+    if by_cv:
+        out += ["", "Launch CPU per core us over the pairs (other / stock; the median pair, and how many pairs "
+                "read above 1.01, within 1.01, below 0.99):", "",
+                "| conc | variant | pairs | median pair | range | above / within / below |", "|---|---|---|---|---|---|"]
+        for (c, v), xs in sorted(by_cv.items()):
+            above, below = sum(x > 1.01 for x in xs), sum(x < 0.99 for x in xs)
+            out.append(f"| {c} | {v} | {len(xs)} | x{statistics.median(xs):.3f} | x{min(xs):.3f} - x{max(xs):.3f} | "
+                       f"{above} / {len(xs) - above - below} / {below} |")
     out += ["", "At equal core speed (each pair's log TTFT ratio less slope x its log core ratio; slope: fitted "
             "over every pair of the concurrency, or given with --slope; [95% interval over pairs], the slope's "
             "own uncertainty left out):", "",
@@ -1033,8 +1060,9 @@ def core_speed_table(rows: list[dict[str, Any]]) -> str:
 
 
 #: The file name the plugin compiles an edited SGLang function under (``_engine.MARK``), and
-#: what it stands for: the module, then the function's qualified name and a digest.
-_EDITED_FILE = re.compile(r"^py <__sglang_futuremap_patch__ edit of (?:[\w.]+\.)?(\w+):\S+ \w+>:(.+)$")
+#: what it stands for: the module, then the function's qualified name and a digest (the code's
+#: own name is the bare function name: the edit is compiled at module level).
+_EDITED_FILE = re.compile(r"^py <__sglang_futuremap_patch__ edit of (?:[\w.]+\.)?(\w+):(\S+) \w+>:.+$")
 #: Census rows: the calls whose count per launch differs most, at most this many per variant.
 CENSUS_TOP = 40
 

@@ -922,7 +922,9 @@ def test_core_pairs_set_each_boot_pairs_ttft_beside_its_cores_and_compare_at_equ
     servers' median core reading over their one-request prefill launches in the cell (larger
     prefills and launches without a reading left out). Pairs whose TTFT ratio is 0.95 x core
     ratio ^ 0.5 fit slope 0.5 and read x0.95 at equal core speed, with no scatter left; as
-    measured they scatter with the cores. A given --slope is used instead of the fit."""
+    measured they scatter with the cores. A given --slope is used instead of the fit. Each pair
+    also sets its two servers' launch CPU time per core microsecond side by side (other / stock),
+    summed up per concurrency as the median pair and the pairs above, within and below 1%."""
     cells = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
     core_ratios = (0.8, 1.0, 1.25, 1.5625)
     runs, files = [], {}
@@ -962,7 +964,12 @@ def test_core_pairs_set_each_boot_pairs_ttft_beside_its_cores_and_compare_at_equ
     assert given["slope_given"] and given["equal_core"] == given["measured"]
     assert spb.main(["--core-pairs", str(rec), str(logs)]) == 0
     table = capsys.readouterr().out
-    assert "| pairs | 0 | 4 | patched | x0.850 | x0.800 |" in table
+    # Equal CPU times on cores of the pair's ratio: the launch's CPU per core us follows the cores.
+    assert [round(r["cpu_per_core_ratio"], 4) for r in out["core_pairs"]] == list(core_ratios)
+    assert "| pairs | 0 | 4 | patched | x0.850 | x0.800 | x0.800 |" in table
+    assert "| 4 | patched | 4 | x1.125 | x0.800 - x1.562 | 2 / 1 / 1 |" in table
+    no_cpu = dict(out["core_pairs"][0], cpu_per_core_ratio=None)
+    assert "| pairs | 0 | 4 | patched | x0.850 | x0.800 | - |" in spb.core_pair_table([no_cpu], [])
     assert "| 4 | patched | 4 | x1.118 | 0.50 | 1.00 | x" in table and "| x0.950 [0.950, 0.950] |" in table
     plain = _tar(tmp_path / "p.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events(cells)}})
     assert spb.main(["--core-pairs", str(rec), str(plain)]) == 1
@@ -1141,7 +1148,7 @@ def test_census_matches_each_sides_launches_prompt_by_prompt_and_lists_the_calls
     and C calls and every call whose count differs (this side less stock), largest first. A
     function the plugin edited by text (compiled under its own file name) counts as SGLang's."""
     edited = ("py <__sglang_futuremap_patch__ edit of sglang.srt.managers.schedule_batch:"
-              "ScheduleBatch.prepare_for_extend 0123456789ab>:ScheduleBatch.prepare_for_extend")
+              "ScheduleBatch.prepare_for_extend 0123456789ab>:prepare_for_extend")  # compiled at module level
 
     def launch(t: float, tokens: int, extra: dict[str, int]) -> dict:
         census = {"py model_runner.py:ModelRunner.forward": 2, "c TensorBase.copy_": 10,
