@@ -149,7 +149,7 @@ RETIRED_MODES = {
 PATCHED_VARIANTS = frozenset(v for v, (mode, _) in MODES.items() if mode != "off")
 #: The timeline probe's settings a caller may set in the environment (recorded in the config).
 PROBE_ENV = ("SMOKE_SAMPLE_DEPTH", "SMOKE_STEADY_SAMPLE_EVERY", "SMOKE_TIME_FUNCS", "SMOKE_CORE_SPEED",
-             "SMOKE_CALL_CENSUS")
+             "SMOKE_CALL_CENSUS", "SMOKE_CALL_CENSUS_TIMES")
 #: Bootstrap resamples for the pooled TTFT ratios' interval (seeded: the record is reproducible).
 BOOTSTRAP_N = 1000
 #: Draft shapes (``--spec``): ``chain`` 3 steps / topk 1 / 4 draft tokens (SGLang's choice for

@@ -1104,7 +1104,9 @@ def census_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
             if variant == "stock" or not stock or not theirs:
                 continue
             a = acc.setdefault(variant, {"matched": 0, "unmatched": 0, "py": [0, 0], "c": [0, 0],
-                                         "diff": collections.Counter(), "stock": collections.Counter()})
+                                         "diff": collections.Counter(), "stock": collections.Counter(),
+                                         "timed": 0, "ms": [0.0, 0.0], "ms_side": [collections.Counter(),
+                                                                                    collections.Counter()]})
             free = list(theirs)
             matched = []
             for s_ev in stock:
@@ -1123,6 +1125,12 @@ def census_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
                 a["stock"].update(counts[0])
                 for key in set(counts[0]) | set(counts[1]):
                     a["diff"][key] += counts[1][key] - counts[0][key]
+                if "census_ms" in s_ev and "census_ms" in t_ev:
+                    a["timed"] += 1
+                    for side, ev in enumerate((s_ev, t_ev)):
+                        for key, ms in ev["census_ms"].items():
+                            a["ms_side"][side][census_name(key)] += ms
+                            a["ms"][side] += ms
     rows = []
     for variant, a in sorted(acc.items()):
         n = a["matched"]
@@ -1130,10 +1138,18 @@ def census_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
             rows.append({"variant": variant, "matched": 0, "unmatched": a["unmatched"]})
             continue
         differ = sorted(((k, d / n) for k, d in a["diff"].items() if d), key=lambda kv: (-abs(kv[1]), kv[0]))
-        rows.append({"variant": variant, "matched": n, "unmatched": a["unmatched"],
-                     "py_calls": [a["py"][0] / n, a["py"][1] / n], "c_calls": [a["c"][0] / n, a["c"][1] / n],
-                     "differ": len(differ),
-                     "top": [{"call": k, "stock": a["stock"][k] / n, "difference": d} for k, d in differ[:CENSUS_TOP]]})
+        row = {"variant": variant, "matched": n, "unmatched": a["unmatched"],
+               "py_calls": [a["py"][0] / n, a["py"][1] / n], "c_calls": [a["c"][0] / n, a["c"][1] / n],
+               "differ": len(differ),
+               "top": [{"call": k, "stock": a["stock"][k] / n, "difference": d} for k, d in differ[:CENSUS_TOP]]}
+        m = a["timed"]
+        if m:
+            st, th = a["ms_side"]
+            slower = sorted(((k, (th[k] - st[k]) / m) for k in set(st) | set(th)), key=lambda kv: (-abs(kv[1]), kv[0]))
+            row.update({"timed": m, "c_ms": [a["ms"][0] / m, a["ms"][1] / m],
+                        "top_ms": [{"call": k, "stock_ms": st[k] / m, "this_ms": th[k] / m, "difference_ms": d}
+                                   for k, d in slower[:CENSUS_TOP]]})
+        rows.append(row)
     return rows
 
 
@@ -1158,6 +1174,16 @@ def census_table(rows: list[dict[str, Any]]) -> str:
                     f"(at most {CENSUS_TOP}; `py FILE:FUNCTION`, `c` a C function):", "",
                     "| call | stock per launch | difference per launch |", "|---|---|---|"]
             out += [f"| `{t['call']}` | {t['stock']:.1f} | {t['difference']:+.1f} |" for t in r["top"]]
+    for r in rows:
+        if r.get("timed"):
+            ratio = r["c_ms"][1] / r["c_ms"][0] if r["c_ms"][0] else float("nan")
+            out += ["", f"Stock -> {r['variant']}: time inside C calls per launch (a run with "
+                    "`SMOKE_CALL_CENSUS_TIMES=1`; from call to return, inclusive, under the profiler, so longer "
+                    f"than unprofiled on both sides; {r['timed']} launch pairs): {r['c_ms'][0]:.2f} -> "
+                    f"{r['c_ms'][1]:.2f} ms (x{ratio:.3f}). The C functions whose time per launch differs most:", "",
+                    "| C call | stock ms | this ms | difference ms |", "|---|---|---|---|"]
+            out += [f"| `{t['call']}` | {t['stock_ms']:.3f} | {t['this_ms']:.3f} | {t['difference_ms']:+.3f} |"
+                    for t in r["top_ms"]]
     return "\n".join(out)
 
 

@@ -547,6 +547,24 @@ def test_timeline_probe_counts_every_call_inside_the_census_prefill_launches(tmp
     assert counted[0]["tokens"] == 11 and counted[1]["tokens"] == 7
     assert st.census_key(None, "return", None) is None
     assert st.batch_tokens(SimpleNamespace(extend_num_tokens=None)) is None
+    assert not [e for e in runs if "census_ms" in e]  # no times unless asked
+
+    # SMOKE_CALL_CENSUS_TIMES: each C call's time from call to return, added up by name.
+    monkeypatch.setattr(st, "CENSUS_TIMES", True)
+    monkeypatch.setattr(st, "CENSUS_SKIP", 0)
+    tl.prefills_seen = 0
+
+    class Slow(Scheduler):
+        def run_batch(self, batch):
+            time.sleep(0.02)  # one C call of 20 ms
+            _census_leaf(2)
+
+    tl.install(Slow)
+    Slow().run_batch(batch("EXTEND", 1, 0))
+    assert sys.getprofile() is None
+    timed = [e for e in tl.events if "census_ms" in e][-1]
+    assert 20.0 <= timed["census_ms"]["c sleep"] < 200.0 and timed["census"]["c sleep"] == 1
+    assert timed["census_ms"]["c abs"] < 5.0 and timed["census"]["c abs"] == 2
 
 
 GPU_FIELDS = ("host_bound", "prev_prefill_done")

@@ -1188,3 +1188,19 @@ def test_census_matches_each_sides_launches_prompt_by_prompt_and_lists_the_calls
     assert spb.main(["--census", str(rec), str(plain)]) == 1
     assert "SMOKE_CALL_CENSUS" in capsys.readouterr().err
     assert spb.main(["--census", "--core-speed", str(rec), str(logs)]) == 2
+    assert "time inside C calls" not in table and "timed" not in row  # a run without the times
+
+    # With SMOKE_CALL_CENSUS_TIMES: both sides' C-call time per matched launch, and the C calls
+    # whose time differs most (an edited function's name as SGLang's, as the counts).
+    for name in list(files):
+        for ev in files[name]["events"]:
+            patched = name.startswith("timeline/patched")
+            ev["census_ms"] = {"c CUDAGraph.replay": 4.0 if patched else 3.0, "c TensorBase.copy_": 1.0}
+    timed_logs = _tar(tmp_path / "timed.tar.gz", files)
+    assert spb.main(["--census", "--json", str(rec), str(timed_logs)]) == 0
+    (timed,) = json.loads(capsys.readouterr().out)["census"]
+    assert timed["timed"] == 4 and timed["c_ms"] == [4.0, 5.0]
+    assert timed["top_ms"][0] == {"call": "c CUDAGraph.replay", "stock_ms": 3.0, "this_ms": 4.0, "difference_ms": 1.0}
+    assert spb.main(["--census", str(rec), str(timed_logs)]) == 0
+    table = capsys.readouterr().out
+    assert "4.00 -> 5.00 ms (x1.250)" in table and "| `c CUDAGraph.replay` | 3.000 | 4.000 | +1.000 |" in table

@@ -228,6 +228,11 @@ CORE_SPEED = os.environ.get("SMOKE_CORE_SPEED") == "1"
 #: differs (``serve_prefill_batches.py --census``). The profiled launches are slow (every call
 #: goes through the counter), on both sides alike; read them for counts, never for time.
 CALL_CENSUS = max(0, int(os.environ.get("SMOKE_CALL_CENSUS") or 0))
+#: ``SMOKE_CALL_CENSUS_TIMES=1`` (with the census): each C call's time from call to return too,
+#: added up per C function (``census_ms``, inclusive, ms): which calls take longer on one side
+#: when both make the same ones. Read under the profiler, so longer than unprofiled, on both
+#: sides alike.
+CENSUS_TIMES = os.environ.get("SMOKE_CALL_CENSUS_TIMES") == "1"
 CENSUS_SKIP = 2
 CORE_SPEED_LOOPS = 2000
 DRIVER_CALLS = 20
@@ -481,13 +486,25 @@ def census_key(frame: Any, event: str, arg: Any) -> str | None:
     return None
 
 
-def census_profiler(counts: dict[str, int], skip_file: str) -> Any:
+def census_profiler(counts: dict[str, int], skip_file: str, times: dict[str, float] | None = None) -> Any:
     """A ``sys.setprofile`` function that counts each call into ``counts`` by ``census_key``,
-    leaving out Python calls of ``skip_file`` (the probe's own wrappers)."""
+    leaving out Python calls of ``skip_file`` (the probe's own wrappers). With ``times``, each C
+    call's seconds from its call to its return also add up there by key (inclusive: a C call
+    that calls back into Python counts that too)."""
+    open_calls: list[tuple[str, float]] = []
+    clock = time.perf_counter
+
     def profile(frame: Any, event: str, arg: Any) -> None:
+        if times is not None and event in ("c_return", "c_exception"):
+            if open_calls:
+                key, t0 = open_calls.pop()
+                times[key] = times.get(key, 0.0) + (clock() - t0)
+            return
         key = census_key(frame, event, arg)
         if key is not None and not (event == "call" and os.path.basename(frame.f_code.co_filename) == skip_file):
             counts[key] = counts.get(key, 0) + 1
+            if times is not None and event == "c_call":
+                open_calls.append((key, clock()))
     return profile
 
 
@@ -853,8 +870,10 @@ class Timeline:
                     if gc_seen is not None:
                         ev["gc"] = gc_seen[:3] + [round(gc_seen[3] * 1e3, 3)]
                 if census is not None:
-                    ev["census"] = census
+                    ev["census"] = census[0]
                     ev["tokens"] = batch_tokens(batch)
+                    if census[1] is not None:
+                        ev["census_ms"] = {k: round(v * 1e3, 4) for k, v in census[1].items()}
                 if sample_steady:
                     ev["sampled"] = True
                 if ev["extend"]:
@@ -888,18 +907,19 @@ class Timeline:
         threading.Thread(target=self._sampler, args=(threading.get_ident(),),
                          name="sched-timeline-sampler", daemon=True).start()
 
-    def census_start(self, batch: Any) -> dict[str, int] | None:
+    def census_start(self, batch: Any) -> tuple[dict[str, int], dict[str, float] | None] | None:
         """``CALL_CENSUS``: for a one-request prefill launch in the census's range, the empty
-        counts and the thread's profiler counting into them (the caller turns it off when the
-        launch returns); None for any other launch."""
+        counts (and C-call seconds, with ``CENSUS_TIMES``) and the thread's profiler adding into
+        them (the caller turns it off when the launch returns); None for any other launch."""
         if len(getattr(batch, "reqs", ()) or ()) != 1:
             return None
         self.prefills_seen += 1
         if not CENSUS_SKIP < self.prefills_seen <= CENSUS_SKIP + CALL_CENSUS:
             return None
         counts: dict[str, int] = {}
-        sys.setprofile(census_profiler(counts, os.path.basename(__file__)))
-        return counts
+        times: dict[str, float] | None = {} if CENSUS_TIMES else None
+        sys.setprofile(census_profiler(counts, os.path.basename(__file__), times))
+        return counts, times
 
     def time_functions(self, names: Sequence[str], tid: int) -> None:
         """Wrap each ``module:Qualname`` in ``names`` (``find_timed_function``; a class or static
