@@ -918,9 +918,9 @@ def core_speed_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, A
 
 
 def core_pair_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
-    """Per boot pair (the stock and the other server of one boot of one record, side by side)
-    and concurrency: the client's TTFT p50 ratio, stock / other (above 1: the other side
-    better), and the ratio of the two servers' core readings, stock / other (the median over
+    """Per boot pair (the stock and the other server of one boot of one record) and
+    concurrency: the client's TTFT p50 ratio, stock / other (above 1: the other side better),
+    and the ratio of the two servers' core readings, stock / other (the median over
     each server's one-request prefill launches in the cell of the probe's ``core_us``, a run with
     ``SMOKE_CORE_SPEED=1``; above 1: the other server's core was the faster one). Pairs with no
     reading on either side are left out. Each pair also gives the ratio of its two servers' launch
@@ -1090,9 +1090,8 @@ def census_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
     matched prompt by prompt (each stock launch, in order, with the other side's first unmatched
     launch of the same token count: the same seeded prompts on both sides, whatever health
     checks came before them; launches without a partner are counted apart), and over the
-    matches the calls
-    per launch on each side (Python, C) and every call whose count differs, by how much per
-    launch (this side less stock), largest first. The counts do not depend on the core's speed:
+    matches the calls per launch on each side (Python, C) and every call whose count differs, by
+    how much per launch (this side less stock), largest first. The counts do not depend on the core's speed:
     a difference is code that ran on one side only, or more often."""
     acc: dict[str, dict[str, Any]] = {}
     for record, by_run in pairs:
@@ -1105,8 +1104,7 @@ def census_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
                 continue
             a = acc.setdefault(variant, {"matched": 0, "unmatched": 0, "py": [0, 0], "c": [0, 0],
                                          "diff": collections.Counter(), "stock": collections.Counter(),
-                                         "timed": 0, "ms": [0.0, 0.0], "ms_side": [collections.Counter(),
-                                                                                    collections.Counter()]})
+                                         "timed": 0, "ms_side": [collections.Counter(), collections.Counter()]})
             free = list(theirs)
             matched = []
             for s_ev in stock:
@@ -1130,7 +1128,6 @@ def census_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
                     for side, ev in enumerate((s_ev, t_ev)):
                         for key, ms in ev["census_ms"].items():
                             a["ms_side"][side][census_name(key)] += ms
-                            a["ms"][side] += ms
     rows = []
     for variant, a in sorted(acc.items()):
         n = a["matched"]
@@ -1146,7 +1143,7 @@ def census_rows(pairs: list[tuple[dict[str, Any], dict[str, list[dict[str, Any]]
         if m:
             st, th = a["ms_side"]
             slower = sorted(((k, (th[k] - st[k]) / m) for k in set(st) | set(th)), key=lambda kv: (-abs(kv[1]), kv[0]))
-            row.update({"timed": m, "c_ms": [a["ms"][0] / m, a["ms"][1] / m],
+            row.update({"timed": m, "c_ms": [sum(st.values()) / m, sum(th.values()) / m],
                         "top_ms": [{"call": k, "stock_ms": st[k] / m, "this_ms": th[k] / m, "difference_ms": d}
                                    for k, d in slower[:CENSUS_TOP]]})
         rows.append(row)
@@ -1867,7 +1864,8 @@ def main(argv: list[str] | None = None) -> int:
                         "as measured and at equal core speed")
     p.add_argument("--census", action="store_true",
                    help="instead: the calls inside the one-request prefill launches the probe counted (a run with "
-                        "SMOKE_CALL_CENSUS=N), each side's launches matched in order, and the calls whose count differs")
+                        "SMOKE_CALL_CENSUS=N), the two sides' launches matched by prompt (token count), and the calls whose "
+                        "count differs")
     p.add_argument("--slope", type=float,
                    help="with --core-pairs: how much of a pair's log TTFT ratio follows its log core ratio "
                         "(default: fitted over the pairs of each concurrency)")
