@@ -98,7 +98,9 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          # SGLang's own switch on top of the plugin: consecutive prefills without overlap
          "patched-serial-prefills": ("strict", {"SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "1"}),
          # back-port 27 switched on (opt-in): back-port 17's barrier right after each spec-v2 launch
-         "patched-war-after-launch": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH": "1"})}
+         "patched-war-after-launch": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH": "1"}),
+         # back-port 17's barrier left out after an idle poll (opt-in), at every launch as before
+         "patched-skip-idle": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE": "1"})}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
 MODE_NOTES = {
     "patched-prefill-first": "the plugin with back-port 16 switched on: a small or finished prefill's result "
@@ -137,6 +139,8 @@ MODE_NOTES = {
     "patched-war-after-launch": "the plugin with back-port 27 switched on "
                                 "(SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=1): back-port 17's barrier right "
                                 "after each spec-v2 launch, none in an idle loop",
+    "patched-skip-idle": "the plugin with back-port 17's barrier left out after an idle poll "
+                         "(SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1): every launch ordered as before",
 }
 
 #: Variants whose switch the plugin no longer has: their records still merge, but a run would

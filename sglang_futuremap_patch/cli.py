@@ -77,12 +77,17 @@ def _tree_switches() -> str:
 
 
 def _opt_in_switches() -> str:
-    """Back-port 27 (off unless switched on: not measured on a GPU yet), as the environment sets it."""
+    """Back-port 27 and back-port 17's idle-poll skip (each off unless switched on), as the
+    environment sets them."""
+    from sglang_futuremap_patch.backports.war_barrier import WAR_BARRIER_SKIP_IDLE_ENV
     from sglang_futuremap_patch.backports.war_barrier_after_launch import WAR_BARRIER_AFTER_LAUNCH_ENV
 
     setting = os.environ.get(WAR_BARRIER_AFTER_LAUNCH_ENV, "").strip()
     state = "on: the barrier after each launch" if setting == "1" else "off"
-    return f"back-port 27 {state} ({WAR_BARRIER_AFTER_LAUNCH_ENV}={setting or 'unset'}; 1: on)"
+    skip = os.environ.get(WAR_BARRIER_SKIP_IDLE_ENV, "").strip()
+    polls = "none after an idle poll" if skip == "1" else "one every loop iteration"
+    return (f"back-port 27 {state} ({WAR_BARRIER_AFTER_LAUNCH_ENV}={setting or 'unset'}; 1: on); "
+            f"back-port 17's barrier {polls} ({WAR_BARRIER_SKIP_IDLE_ENV}={skip or 'unset'}; 1: skip idle polls)")
 
 
 def _print_report(report: Report) -> None:

@@ -144,17 +144,25 @@ def test_status_says_what_trees_get_from_back_ports_16_and_22(clean_state, capsy
     assert line == f"on trees: {expected}; unset: on for trees, off for chains; 0: off"
 
 
-@pytest.mark.parametrize("setting, expected", [
-    (None, "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=unset; 1: on)"),
-    ("1", "back-port 27 on: the barrier after each launch (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=1; 1: on)"),
-    ("yes", "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=yes; 1: on)"),
+@pytest.mark.parametrize("setting, skip, expected", [
+    (None, None, "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=unset; 1: on); back-port 17's "
+                 "barrier one every loop iteration (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=unset; 1: skip idle polls)"),
+    ("1", None, "back-port 27 on: the barrier after each launch (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=1; 1: on); "
+                "back-port 17's barrier one every loop iteration (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=unset; "
+                "1: skip idle polls)"),
+    ("yes", "1", "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=yes; 1: on); back-port 17's "
+                 "barrier none after an idle poll (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1; 1: skip idle polls)"),
+    (None, "on", "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=unset; 1: on); back-port 17's "
+                 "barrier one every loop iteration (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=on; 1: skip idle polls)"),
 ])
-def test_status_says_whether_the_opt_in_back_port_27_is_on(clean_state, capsys, monkeypatch,
-                                                            setting, expected):
-    if setting is None:
-        monkeypatch.delenv("SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH", raising=False)
-    else:
-        monkeypatch.setenv("SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH", setting)
+def test_status_says_which_opt_in_barrier_switches_are_on(clean_state, capsys, monkeypatch,
+                                                          setting, skip, expected):
+    for name, value in (("SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH", setting),
+                        ("SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE", skip)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
     cli.main(["status"])
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("opt-in:")]
     assert line == f"opt-in:   {expected}"

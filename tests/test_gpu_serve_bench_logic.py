@@ -145,7 +145,7 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
                                    "patched-relay-prefill-first", "patched-tree-switches-off",
                                    "patched-serial-prefills", "patched-mirror-relay-check",
                                    "patched-mirror-relay-device-indptr", "patched-prefill-before-next-batch",
-                                   "patched-war-after-launch"}
+                                   "patched-war-after-launch", "patched-skip-idle"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -1149,6 +1149,18 @@ def test_war_after_launch_variant_is_the_plugin_with_back_port_27_on() -> None:
     assert "patched-war-after-launch" in sb.MODE_NOTES and "patched-war-after-launch" not in sb.RETIRED_MODES
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched-war-after-launch", 0, 90, 8, 1250)]
     assert "patched-war-after-launch" in sb.summarize(runs)["variants"]
+
+
+def test_skip_idle_variant_is_the_plugin_with_back_port_17s_idle_polls_skipped() -> None:
+    """The opt-in idle-poll skip's serving variant: the plugin as it ships plus that one switch
+    (back-port 17's own name for it), and its own line in the summary."""
+    from sglang_futuremap_patch.backports import war_barrier
+
+    mode, env = sb.MODES["patched-skip-idle"]
+    assert mode == "strict" and env == {war_barrier.WAR_BARRIER_SKIP_IDLE_ENV: "1"}
+    assert "patched-skip-idle" in sb.MODE_NOTES and "patched-skip-idle" not in sb.RETIRED_MODES
+    runs = [_run("stock", 0, 100, 10, 1000), _run("patched-skip-idle", 0, 90, 8, 1250)]
+    assert "patched-skip-idle" in sb.summarize(runs)["variants"]
 
 
 # ----------------------------------------------------------------------------- DeepSeek MTP (MLA)

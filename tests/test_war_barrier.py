@@ -105,6 +105,90 @@ def test_barrier_comes_first_in_the_pd_loops(patched, cuda_build):
         s.get_next_disagg_prefill_batch_to_run()
 
 
+SKIP_IDLE = "SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE"
+
+
+def _loop_scheduler(mode: str = "NULL"):
+    """A scheduler whose ``get_next_batch_to_run`` stops right after its barrier, and whose
+    ``run_batch`` (the plugin's, which hands non-spec-v2 batches to SGLang's own) stops right
+    after counting the launch."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    s = _scheduler()
+    s.enable_fpm = False
+    s.forward_ct = 0
+    s.is_generation = True
+    s.disaggregation_mode = DisaggregationMode[mode]
+
+    def stop(*_a, **_k):
+        raise _Stop
+
+    s._abort_on_waiting_timeout = stop
+    s.get_new_prebuilt_batch = stop
+    s._profile_batch_predicate = stop
+    return s
+
+
+def _poll(s, loop: str = "get_next_batch_to_run") -> None:
+    with pytest.raises(_Stop):
+        getattr(s, loop)()
+
+
+def _launch(s, spec_v2: bool) -> None:
+    batch = SimpleNamespace(is_spec_v2=spec_v2, forward_mode=SimpleNamespace(is_prebuilt=lambda: False))
+    with pytest.raises(_Stop):
+        s.run_batch(batch)
+
+
+@pytest.mark.parametrize("setting, barriers", [
+    (None, 6),  # unset: a barrier at every iteration, idle or not
+    ("0", 6),
+    ("1", 3),  # asked: the first iteration, then one after each launch
+])
+def test_idle_polls_skip_the_barrier_only_when_asked(patched, cuda_build, monkeypatch, setting, barriers):
+    if setting is None:
+        monkeypatch.delenv(SKIP_IDLE, raising=False)
+    else:
+        monkeypatch.setenv(SKIP_IDLE, setting)
+    s = _loop_scheduler()
+    for _ in range(3):  # an idle server polls
+        _poll(s)
+    _launch(s, spec_v2=True)  # the plugin's spec-v2 launch
+    _poll(s)
+    _launch(s, spec_v2=False)  # SGLang's own run_batch counts it too
+    _poll(s)
+    _poll(s)
+    assert s.forward_ct == 2
+    assert s.schedule_stream.waited == [s.forward_stream] * barriers
+
+
+def test_every_launch_is_followed_by_a_barrier_with_idle_polls_skipped(patched, cuda_build, monkeypatch):
+    monkeypatch.setenv(SKIP_IDLE, "1")
+    s = _loop_scheduler()
+    _poll(s)
+    for n in range(1, 5):
+        _launch(s, spec_v2=n % 2 == 0)
+        _poll(s)
+        assert len(s.schedule_stream.waited) == 1 + n
+        _poll(s)  # idle: nothing new on the forward stream
+        assert len(s.schedule_stream.waited) == 1 + n
+
+
+@pytest.mark.parametrize("mode, loop", [
+    ("DECODE", "get_next_disagg_decode_batch_to_run"),
+    ("PREFILL", "get_next_disagg_prefill_batch_to_run"),
+])
+def test_pd_loops_keep_the_barrier_at_every_iteration_when_asked_to_skip(patched, cuda_build, monkeypatch,
+                                                                         mode, loop):
+    monkeypatch.setenv(SKIP_IDLE, "1")
+    s = _loop_scheduler(mode)
+    s.running_batch = SimpleNamespace(batch_is_full=False)
+    s.process_prefill_chunk = s.get_new_prebuilt_batch
+    for _ in range(3):
+        _poll(s, loop)
+    assert s.schedule_stream.waited == [s.forward_stream] * 3
+
+
 @pytest.mark.parametrize("setting, overlap, algorithm, device, cuda, wanted", [
     (None, True, "EAGLE3", "cuda", "12.8", True),
     (None, True, "STANDALONE", "cuda", "12.8", True),

@@ -33,6 +33,16 @@ Scope: speculative decoding under the overlap scheduler (what the plugin changes
 non-speculative server keeps SGLang's loop as it is. CUDA only, as upstream (#26646: other
 platforms regressed). ``SGLANG_FUTUREMAP_WAR_BARRIER=0`` turns it off (to measure it),
 ``=1`` also asks for it off CUDA.
+
+Opt-in, beyond 0.5.13: ``SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1`` leaves the barrier out of an
+iteration when no batch was launched since the last one (an idle poll; ``run_batch`` counts
+launches in ``forward_ct``). Nothing new is queued on the forward stream then, so the schedule
+stream already waits for its tail: every launch is ordered exactly as with the barrier at every
+iteration. An idle server otherwise records an event and queues a wait thousands of times
+between two requests (0.5.16 reaches the same at idle by moving the barrier after each launch,
+#31687, back-port 27, which also orders the same iteration's result processing behind the
+launch). Not in the PD-disaggregation loops, which queue forward-stream work outside
+``run_batch``. Opt-in until a serving benchmark reads it (results/serve-bench, "Next").
 """
 
 from __future__ import annotations
@@ -45,6 +55,8 @@ from sglang_futuremap_patch._engine import ABSENT, Backport, Target, TextEdit
 
 #: ``0`` turns the barrier off, ``1`` asks for it on any device with streams; unset: CUDA only.
 WAR_BARRIER_ENV = "SGLANG_FUTUREMAP_WAR_BARRIER"
+#: ``1``: no barrier at an iteration that follows no launch (an idle poll); unset: every iteration.
+WAR_BARRIER_SKIP_IDLE_ENV = "SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE"
 
 
 def war_barrier_wanted(scheduler) -> bool:
@@ -61,15 +73,38 @@ def war_barrier_wanted(scheduler) -> bool:
     return torch.version.cuda is not None and str(scheduler.device).startswith("cuda")
 
 
+def war_barrier_skips_idle(scheduler) -> bool:
+    """Whether ``scheduler`` leaves out the barrier when no batch was launched since the last
+    one (``SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1``, opt-in): outside PD disaggregation only,
+    whose loops also queue forward-stream work outside ``run_batch``."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    return (
+        os.environ.get("SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE", "").strip() == "1"
+        and scheduler.disaggregation_mode == DisaggregationMode.NULL
+    )
+
+
 def apply_war_barrier(self) -> None:
     """Queue the schedule stream behind the forward stream (decided once per scheduler by
     ``war_barrier_wanted``): this iteration's writes to ``req_to_token`` and the other shared
-    buffers wait for the reads of the forward in flight. The host does not wait."""
+    buffers wait for the reads of the forward in flight. The host does not wait.
+
+    With ``war_barrier_skips_idle`` (opt-in), a barrier is left out when ``run_batch`` has not
+    launched anything since the last one (``forward_ct`` unchanged: an idle poll): the forward
+    stream's tail is where the last barrier found it, so the schedule stream already waits
+    for it."""
     wanted = self.__dict__.get("war_barrier")
     if wanted is None:
         wanted = self.war_barrier = war_barrier_wanted(self)
-    if wanted:
-        self.schedule_stream.wait_stream(self.forward_stream)
+        self.war_barrier_skip_idle = wanted and war_barrier_skips_idle(self)
+    if not wanted:
+        return
+    if self.war_barrier_skip_idle:
+        if self.__dict__.get("war_barrier_forward_ct") == self.forward_ct:
+            return
+        self.war_barrier_forward_ct = self.forward_ct
+    self.schedule_stream.wait_stream(self.forward_stream)
 
 
 _BARRIER_FIRST = """\
@@ -268,6 +303,7 @@ BACKPORT = Backport(
     applied_upstream="0.5.13",
     targets=(
         Target(_SCHEDULER, "war_barrier_wanted", war_barrier_wanted, expected=ABSENT),
+        Target(_SCHEDULER, "war_barrier_skips_idle", war_barrier_skips_idle, expected=ABSENT),
         Target(_SCHEDULER, "Scheduler.apply_war_barrier", apply_war_barrier, expected=ABSENT),
         Target(_SCHEDULER, "Scheduler.get_next_batch_to_run", None, expected="e3845363c7dc53f4", kind="edit",
                edits=_NEXT_BATCH_EDITS),
