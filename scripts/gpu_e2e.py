@@ -101,7 +101,8 @@ with its check: FlashInfer, the device indptrs read back at every plan), ``mrela
 on: FlashInfer chains, the FA3 tree), ``released`` (decodes launched after the last result was
 processed, holding requests it freed: grammar requests on three backends, back-port 16's switch),
 ``wal`` (back-port 27 switched on: the barrier after each launch; eleven cases, eight of the FA3 set,
-back-port 19's intake, a tree and grammar, judged as those).
+back-port 19's intake, a tree and grammar, judged as those), ``sidle`` (the same eleven with back-port
+17's idle-poll skip switched on instead).
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -288,7 +289,7 @@ def all_cases() -> list[Case]:
         cases.append(Case(name, algorithm, "flashinfer", graph, pcg, profile, env=fiplan))
     return (cases + fa3_cases() + soak_cases() + deployment_cases() + multilayer_cases() + mla_cases()
             + tree_cases() + tree_v2_cases() + tree_v2_det_cases() + mirror_relay_cases()
-            + released_row_cases() + war_barrier_after_launch_cases())
+            + released_row_cases() + war_barrier_after_launch_cases() + war_barrier_skip_idle_cases())
 
 
 def intake_cases() -> list[Case]:
@@ -575,13 +576,24 @@ def war_barrier_after_launch_cases() -> list[Case]:
     EOS churn and radix-cache hits on FA3 and Triton, pages of 16, batches above the captured
     CUDA-graph sizes, back-port 19's intake (which builds a batch while a lookahead decode still
     runs), a tree on Triton with EOS churn and grammar requests on the default configuration."""
-    on = (("SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH", "1"),)
+    return _barrier_switch_cases("wal-", ("SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH", "1"))
+
+
+def war_barrier_skip_idle_cases() -> list[Case]:
+    """Back-port 17's barrier left out after an idle poll (``SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1``;
+    opt-in): the same eleven cases as ``wal``, with this switch instead, judged as their twins."""
+    return _barrier_switch_cases("sidle-", ("SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE", "1"))
+
+
+def _barrier_switch_cases(prefix: str, on: tuple[str, str]) -> list[Case]:
+    """The cases that check a switch of back-port 17's barrier: eleven of other groups with
+    ``on`` added to their environment and ``prefix`` to their name."""
     picked = ("default-eagle3", "default-standalone", "eos-eagle3-fa3", "radix-eagle3-fa3",
               "eos-standalone-triton", "radix-standalone-triton", "page16-standalone-fa3",
               "fa3-standalone-graph-pcg-maxbs8", "treev2-eos-standalone-triton-3x4x16",
               "grammar-eagle3-default", "intake-eagle3-triton-graph-nopcg")
     by_name = {c.name: c for c in (fa3_cases() + tree_v2_cases() + released_row_cases() + intake_cases())}
-    return [dataclasses.replace(by_name[n], name="wal-" + n, env=by_name[n].env + on) for n in picked]
+    return [dataclasses.replace(by_name[n], name=prefix + n, env=by_name[n].env + (on,)) for n in picked]
 
 
 #: Named case sets (``--group``): fnmatch patterns over case names.
@@ -604,6 +616,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "mrelay": ("mrelay-*",),
     "released": ("grammar-*", "pfirst-*"),
     "wal": ("wal-*",),
+    "sidle": ("sidle-*",),
 }
 
 

@@ -1211,14 +1211,14 @@ def test_the_tree_v2_group_selects_exactly_the_new_cases() -> None:
     assert [c.name for c in cases] == [c.name for c in e2e.all_cases() if c.name.startswith("treev2-")]
     assert all(c.tree_v2 and not c.spec_v1 and c.logprob_tol == e2e.TREE_V2_LOGPROB_TOL for c in cases)
     # besides them, only back-port 22's tree cases (with back-port 16's in ``released``) and back-port
-    # 27's are judged as trees on spec v2 (their own groups)
+    # 27's and back-port 17's idle-poll skip's are judged as trees on spec v2 (their own groups)
     assert {c.name for c in e2e.all_cases() if c.tree_v2 and not c.name.startswith("treev2")} == {
         c.name for c in e2e.mirror_relay_cases() + e2e.released_row_cases()
-        + e2e.war_barrier_after_launch_cases() if c.tree_v2}
+        + e2e.war_barrier_after_launch_cases() + e2e.war_barrier_skip_idle_cases() if c.tree_v2}
     assert all(c.tree_v2 for c in e2e.tree_v2_det_cases())
     # the old group keeps its own cases; no other group takes a treev2 case
     assert [c.name for c in e2e.select_cases(None, groups=["tree"])] == [c.name for c in e2e.tree_cases()]
-    others = sorted(g for g in e2e.GROUPS if g not in ("tree-v2", "tree-v2-det", "mrelay", "released", "wal"))
+    others = sorted(g for g in e2e.GROUPS if g not in ("tree-v2", "tree-v2-det", "mrelay", "released", "wal", "sidle"))
     assert not any(c.tree_v2 for c in e2e.select_cases(None, groups=others))
     # run_e2e.sh hands its arguments to gpu_e2e.py, whose --group choices are GROUPS
     assert e2e.build_parser().parse_args(["--group", "tree-v2"]).group == ["tree-v2"]
@@ -1305,7 +1305,7 @@ def test_old_tree_cases_keep_spec_v1_through_the_env_variable(tmp_path: Path,
     assert {c.backend for c in e2e.tree_v2_cases()} >= {"flashinfer", "fa3", "triton", "default"}
     assert not any(c.env for c in e2e.all_cases()
                    if not c.name.startswith(("tree-", "treev2-", "treev2det-", "mla-mirror-", "intake-", "fihost-", "fiplan-",
-                                             "mrelay-", "pfirst-", "wal-")))
+                                             "mrelay-", "pfirst-", "wal-", "sidle-")))
     seen: dict[str, dict[str, str]] = {}
 
     def fake_worker(script, spec, work, name, log_path, env, timeout, **kw):
@@ -1856,6 +1856,23 @@ def test_a_near_tie_scenario_explains_its_aborted_outputs_too() -> None:
     assert out["soak: aborted outputs agree as prefixes"].ok
     assert not out["soak: lengths as requested"].ok  # only the output comparisons
     assert not out["arrivals: aborted outputs agree as prefixes"].ok  # no near-tie check there
+
+
+def test_the_sidle_group_runs_the_wal_cases_with_the_idle_poll_skip_on_instead() -> None:
+    """Back-port 17's idle-poll skip is opt-in: its group runs the eleven cases of ``wal`` with its
+    own switch in place of back-port 27's, each judged as its twin."""
+    from sglang_futuremap_patch.backports import war_barrier
+
+    cases = e2e.select_cases(None, groups=["sidle"])
+    assert [c.name for c in cases] == [c.name for c in e2e.war_barrier_skip_idle_cases()]
+    wal = {c.name.removeprefix("wal-"): c for c in e2e.war_barrier_after_launch_cases()}
+    assert [c.name.removeprefix("sidle-") for c in cases] == list(wal)
+    twins = {c.name: c for c in e2e.all_cases()}
+    on = (war_barrier.WAR_BARRIER_SKIP_IDLE_ENV, "1")
+    for case in cases:
+        twin = twins[case.name.removeprefix("sidle-")]
+        assert case.env == twin.env + (on,)
+        assert dataclasses.replace(case, name=twin.name, env=twin.env) == twin
 
 
 def test_the_wal_group_runs_cases_of_other_groups_with_back_port_27_on() -> None:
