@@ -38,8 +38,8 @@ Opt-in, beyond 0.5.13: ``SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1`` leaves the b
 iteration when no batch was launched since the last one (an idle poll; ``run_batch`` counts
 launches in ``forward_ct``). Nothing new is queued on the forward stream then, so the schedule
 stream already waits for its tail: every launch is ordered exactly as with the barrier at every
-iteration. An idle server otherwise records an event and queues a wait thousands of times
-between two requests (0.5.16 reaches the same at idle by moving the barrier after each launch,
+iteration. An idle server otherwise records an event and queues a wait at every poll of its
+loop between two requests (0.5.16 reaches the same at idle by moving the barrier after each launch,
 #31687, back-port 27, which also orders the same iteration's result processing behind the
 launch). Not in the PD-disaggregation loops, which queue forward-stream work outside
 ``run_batch``. Opt-in until a serving benchmark reads it (results/serve-bench, "Next").
