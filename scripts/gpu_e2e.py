@@ -102,7 +102,7 @@ on: FlashInfer chains, the FA3 tree), ``released`` (decodes launched after the l
 processed, holding requests it freed: grammar requests on three backends, back-port 16's switch),
 ``wal`` (back-port 27 switched on: the barrier after each launch; eleven cases, eight of the FA3 set,
 back-port 19's intake, a tree and grammar, judged as those), ``sidle`` (the same eleven with back-port
-17's idle-poll skip switched on instead).
+17's idle-poll skip named instead: its record, 11 / 11, made it the default on 2026-11-29).
 
 A case whose Engine did not start, or stopped before its last scenario, is a harness error
 (``ERROR``, with the end of its log), never a mismatch: no comparison is made and the summary
@@ -580,8 +580,9 @@ def war_barrier_after_launch_cases() -> list[Case]:
 
 
 def war_barrier_skip_idle_cases() -> list[Case]:
-    """Back-port 17's barrier left out after an idle poll (``SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1``;
-    opt-in): the same eleven cases as ``wal``, with this switch instead, judged as their twins."""
+    """Back-port 17's barrier left out after an idle poll (``SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1``,
+    named; the default since its 11 / 11 of 2026-11-29): the same eleven cases as ``wal``, with this
+    switch instead, judged as their twins."""
     return _barrier_switch_cases("sidle-", ("SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE", "1"))
 
 

@@ -99,8 +99,10 @@ MODES = {"stock": ("off", {}), "patched": ("strict", {}), "upstream": ("off", {}
          "patched-serial-prefills": ("strict", {"SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "1"}),
          # back-port 27 switched on (opt-in): back-port 17's barrier right after each spec-v2 launch
          "patched-war-after-launch": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH": "1"}),
-         # back-port 17's barrier left out after an idle poll (opt-in), at every launch as before
-         "patched-skip-idle": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE": "1"})}
+         # back-port 17's barrier left out after an idle poll (the default since 2026-11-29: = patched)
+         "patched-skip-idle": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE": "1"}),
+         # back-port 17's barrier at every poll again, as the plugin ran it before that day
+         "patched-poll-barrier": ("strict", {"SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE": "0"})}
 #: What the summary says of each variant besides stock, patched and upstream (its own table).
 MODE_NOTES = {
     "patched-prefill-first": "the plugin with back-port 16 switched on: a small or finished prefill's result "
@@ -140,7 +142,10 @@ MODE_NOTES = {
                                 "(SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=1): back-port 17's barrier right "
                                 "after each spec-v2 launch, none in an idle loop",
     "patched-skip-idle": "the plugin with back-port 17's barrier left out after an idle poll "
-                         "(SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1): every launch ordered as before",
+                         "(SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1; the default since 2026-11-29: = patched "
+                         "since): every launch ordered as before",
+    "patched-poll-barrier": "the plugin with back-port 17's barrier at every poll of the loop, idle ones "
+                            "included (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=0): the plugin before 2026-11-29",
 }
 
 #: Variants whose switch the plugin no longer has: their records still merge, but a run would

@@ -76,18 +76,19 @@ def _tree_switches() -> str:
     return "; ".join(parts) + "; unset: on for trees, off for chains; 0: off"
 
 
-def _opt_in_switches() -> str:
-    """Back-port 27 and back-port 17's idle-poll skip (each off unless switched on), as the
-    environment sets them."""
+def _barrier_switches() -> str:
+    """Where back-port 17's WAR barrier runs, as the environment sets it: back-port 27 (off unless
+    switched on) and the idle-poll skip (on unless switched off)."""
     from sglang_futuremap_patch.backports.war_barrier import WAR_BARRIER_SKIP_IDLE_ENV
     from sglang_futuremap_patch.backports.war_barrier_after_launch import WAR_BARRIER_AFTER_LAUNCH_ENV
 
     setting = os.environ.get(WAR_BARRIER_AFTER_LAUNCH_ENV, "").strip()
     state = "on: the barrier after each launch" if setting == "1" else "off"
     skip = os.environ.get(WAR_BARRIER_SKIP_IDLE_ENV, "").strip()
-    polls = "none after an idle poll" if skip == "1" else "one every loop iteration"
+    polls = "one every loop iteration" if skip == "0" else "none after an idle poll"
     return (f"back-port 27 {state} ({WAR_BARRIER_AFTER_LAUNCH_ENV}={setting or 'unset'}; 1: on); "
-            f"back-port 17's barrier {polls} ({WAR_BARRIER_SKIP_IDLE_ENV}={skip or 'unset'}; 1: skip idle polls)")
+            f"back-port 17's barrier {polls} ({WAR_BARRIER_SKIP_IDLE_ENV}={skip or 'unset'}; "
+            f"0: at every poll)")
 
 
 def _print_report(report: Report) -> None:
@@ -100,7 +101,7 @@ def _print_report(report: Report) -> None:
     if {"prefill-result-first", "mirror-relay-lens"} <= {bp.id for bp in report.series}:
         print(f"on trees: {_tree_switches()}")
     if any(bp.id == "war-barrier-after-launch" for bp in report.series):
-        print(f"opt-in:   {_opt_in_switches()}")
+        print(f"barrier:  {_barrier_switches()}")
     for bp in report.series:
         print(f"\n{bp.id}  [{bp.pr_list}]  patches/{bp.patch_file}")
         print(f"  {bp.title}")

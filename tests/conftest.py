@@ -221,6 +221,7 @@ def loop_scheduler():
     that do nothing, a schedule stream whose barrier does nothing."""
     from types import SimpleNamespace
 
+    from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.managers.scheduler import Scheduler
 
     sched = object.__new__(Scheduler)
@@ -242,6 +243,8 @@ def loop_scheduler():
                                         speculative_eagle_topk=1)
     sched.recv_skipper = sched.input_blocker = None
     sched.last_batch = sched.cur_batch = None
+    sched.forward_ct = 0  # run_batch's launch count, as __init__ sets it
+    sched.disaggregation_mode = DisaggregationMode.NULL
     return sched
 
 

@@ -413,6 +413,7 @@ def make_scheduler(worker, algorithm: str, req_to_token_pool, allocator, tree_ca
     ``graph_max_bs``: the largest batch the target's CUDA graph captured (None: no graph
     runner); larger decode batches run eagerly.
     """
+    from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -442,6 +443,7 @@ def make_scheduler(worker, algorithm: str, req_to_token_pool, allocator, tree_ca
     s.is_generation = True
     s.forward_ct = 0
     s.forward_sleep_time = None
+    s.disaggregation_mode = DisaggregationMode.NULL  # what apply_war_barrier reads
     s.model_worker = worker
     # What _profile_batch_predicate reads (profiler off, as in a default server).
     s.profile_by_stage = False

@@ -146,17 +146,17 @@ def test_status_says_what_trees_get_from_back_ports_16_and_22(clean_state, capsy
 
 @pytest.mark.parametrize("setting, skip, expected", [
     (None, None, "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=unset; 1: on); back-port 17's "
-                 "barrier one every loop iteration (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=unset; 1: skip idle polls)"),
+                 "barrier none after an idle poll (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=unset; 0: at every poll)"),
     ("1", None, "back-port 27 on: the barrier after each launch (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=1; 1: on); "
-                "back-port 17's barrier one every loop iteration (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=unset; "
-                "1: skip idle polls)"),
-    ("yes", "1", "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=yes; 1: on); back-port 17's "
-                 "barrier none after an idle poll (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1; 1: skip idle polls)"),
-    (None, "on", "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=unset; 1: on); back-port 17's "
-                 "barrier one every loop iteration (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=on; 1: skip idle polls)"),
+                "back-port 17's barrier none after an idle poll (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=unset; "
+                "0: at every poll)"),
+    ("yes", "0", "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=yes; 1: on); back-port 17's "
+                 "barrier one every loop iteration (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=0; 0: at every poll)"),
+    (None, "1", "back-port 27 off (SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=unset; 1: on); back-port 17's "
+                "barrier none after an idle poll (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1; 0: at every poll)"),
 ])
-def test_status_says_which_opt_in_barrier_switches_are_on(clean_state, capsys, monkeypatch,
-                                                          setting, skip, expected):
+def test_status_says_where_back_port_17s_barrier_runs(clean_state, capsys, monkeypatch,
+                                                      setting, skip, expected):
     for name, value in (("SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH", setting),
                         ("SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE", skip)):
         if value is None:
@@ -164,5 +164,5 @@ def test_status_says_which_opt_in_barrier_switches_are_on(clean_state, capsys, m
         else:
             monkeypatch.setenv(name, value)
     cli.main(["status"])
-    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("opt-in:")]
-    assert line == f"opt-in:   {expected}"
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("barrier:")]
+    assert line == f"barrier:  {expected}"

@@ -96,6 +96,7 @@ def _run_loop(decodes, polls, arrivals, **attrs):
         return batch
 
     def run_batch(batch):
+        sched.forward_ct += 1  # SGLang's run_batch counts its launches first
         log.append(f"launch {batch.name}")
         return SimpleNamespace(copy_done=_Event(polls.get(batch.name, 0)))
 
@@ -147,13 +148,23 @@ def test_stock_loop_waits_on_the_lookahead_before_it_polls_again(clean_state):
     assert _order(_run_loop(decodes, polls, arrivals)[0]) == STOCK_ORDER
 
 
-def test_a_request_arriving_during_the_lookahead_is_launched_before_its_result(patched):
+@pytest.mark.parametrize("skip_idle", [None, "0"])
+def test_a_request_arriving_during_the_lookahead_is_launched_before_its_result(patched, monkeypatch, skip_idle):
+    if skip_idle is None:
+        monkeypatch.delenv("SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE", skip_idle)
     decodes, polls, arrivals = _lookahead_case()
     log, sched = _run_loop(decodes, polls, arrivals)
     assert _order(log) == EARLY_INTAKE
-    # B's prefill was prepared behind the forward in flight (back-port 17's barrier, asked for
-    # again when the intake builds it): a pool slot A freed is not written while D2 reads it.
-    assert log[log.index("receive B") + 1] == "barrier behind forward"
+    # B's prefill was prepared behind the forward in flight (back-port 17's barrier): a pool
+    # slot A freed is not written while D2 reads it.
+    launch_d2, launch_b = log.index("launch D2"), log.index("launch P(B)")
+    assert "barrier behind forward" in log[launch_d2:launch_b]
+    if skip_idle == "0":  # asked for again when the intake builds it
+        assert log[log.index("receive B") + 1] == "barrier behind forward"
+    else:  # the one queued after D2's launch still holds: nothing ran on the forward stream since
+        assert log[launch_d2:launch_b].count("barrier behind forward") == 1
     # The loop went on as after any prefill: the next iteration found nothing to launch.
     assert sched.last_batch is None and sched.cur_batch is None and not sched.taking_in
 

@@ -1859,8 +1859,9 @@ def test_a_near_tie_scenario_explains_its_aborted_outputs_too() -> None:
 
 
 def test_the_sidle_group_runs_the_wal_cases_with_the_idle_poll_skip_on_instead() -> None:
-    """Back-port 17's idle-poll skip is opt-in: its group runs the eleven cases of ``wal`` with its
-    own switch in place of back-port 27's, each judged as its twin."""
+    """Back-port 17's idle-poll skip (named, though the default since 2026-11-29): its group runs
+    the eleven cases of ``wal`` with its own switch in place of back-port 27's, each judged as its
+    twin."""
     from sglang_futuremap_patch.backports import war_barrier
 
     cases = e2e.select_cases(None, groups=["sidle"])

@@ -145,7 +145,7 @@ def test_prefill_first_variant_is_the_plugin_with_back_port_16_on() -> None:
                                    "patched-relay-prefill-first", "patched-tree-switches-off",
                                    "patched-serial-prefills", "patched-mirror-relay-check",
                                    "patched-mirror-relay-device-indptr", "patched-prefill-before-next-batch",
-                                   "patched-war-after-launch", "patched-skip-idle"}
+                                   "patched-war-after-launch", "patched-skip-idle", "patched-poll-barrier"}
     runs = [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 90, 8, 1250),
             _run("patched-prefill-first", 0, 120, 8, 1250)]
     summary = sb.summarize(runs)
@@ -1151,16 +1151,18 @@ def test_war_after_launch_variant_is_the_plugin_with_back_port_27_on() -> None:
     assert "patched-war-after-launch" in sb.summarize(runs)["variants"]
 
 
-def test_skip_idle_variant_is_the_plugin_with_back_port_17s_idle_polls_skipped() -> None:
-    """The opt-in idle-poll skip's serving variant: the plugin as it ships plus that one switch
-    (back-port 17's own name for it), and its own line in the summary."""
+@pytest.mark.parametrize("variant, setting", [("patched-skip-idle", "1"), ("patched-poll-barrier", "0")])
+def test_idle_poll_barrier_variants_set_back_port_17s_switch(variant, setting) -> None:
+    """The idle-poll skip (on by default since 2026-11-29) named explicitly, and the way back to a
+    barrier at every poll: the plugin as it ships plus that one switch (back-port 17's own name
+    for it), each with its own line in the summary."""
     from sglang_futuremap_patch.backports import war_barrier
 
-    mode, env = sb.MODES["patched-skip-idle"]
-    assert mode == "strict" and env == {war_barrier.WAR_BARRIER_SKIP_IDLE_ENV: "1"}
-    assert "patched-skip-idle" in sb.MODE_NOTES and "patched-skip-idle" not in sb.RETIRED_MODES
-    runs = [_run("stock", 0, 100, 10, 1000), _run("patched-skip-idle", 0, 90, 8, 1250)]
-    assert "patched-skip-idle" in sb.summarize(runs)["variants"]
+    mode, env = sb.MODES[variant]
+    assert mode == "strict" and env == {war_barrier.WAR_BARRIER_SKIP_IDLE_ENV: setting}
+    assert variant in sb.MODE_NOTES and variant not in sb.RETIRED_MODES
+    runs = [_run("stock", 0, 100, 10, 1000), _run(variant, 0, 90, 8, 1250)]
+    assert variant in sb.summarize(runs)["variants"]
 
 
 # ----------------------------------------------------------------------------- DeepSeek MTP (MLA)

@@ -44,6 +44,7 @@ def patched(clean_state, monkeypatch):
 
 
 def _scheduler(*, overlap: bool = True, algorithm: str | None = "EAGLE3", device: str = "cuda"):
+    from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -53,6 +54,8 @@ def _scheduler(*, overlap: bool = True, algorithm: str | None = "EAGLE3", device
     s.device = device
     s.schedule_stream = _RecordingStream()
     s.forward_stream = object()
+    s.forward_ct = 0  # as __init__ sets them
+    s.disaggregation_mode = DisaggregationMode.NULL
     return s
 
 
@@ -76,7 +79,8 @@ def test_barrier_comes_first_in_get_next_batch_to_run(patched, cuda_build):
     with pytest.raises(_Stop):
         s.get_next_batch_to_run()
     assert s.schedule_stream.waited == [s.forward_stream]
-    with pytest.raises(_Stop):  # every iteration, not once
+    s.forward_ct += 1  # a launch in between (run_batch counts it)
+    with pytest.raises(_Stop):  # every iteration that follows a launch, not once
         s.get_next_batch_to_run()
     assert s.schedule_stream.waited == [s.forward_stream] * 2
 
@@ -141,11 +145,11 @@ def _launch(s, spec_v2: bool) -> None:
 
 
 @pytest.mark.parametrize("setting, barriers", [
-    (None, 6),  # unset: a barrier at every iteration, idle or not
-    ("0", 6),
-    ("1", 3),  # asked: the first iteration, then one after each launch
+    (None, 3),  # unset: the first iteration, then one after each launch
+    ("1", 3),
+    ("0", 6),  # switched off: a barrier at every iteration, idle or not
 ])
-def test_idle_polls_skip_the_barrier_only_when_asked(patched, cuda_build, monkeypatch, setting, barriers):
+def test_idle_polls_skip_the_barrier_unless_switched_off(patched, cuda_build, monkeypatch, setting, barriers):
     if setting is None:
         monkeypatch.delenv(SKIP_IDLE, raising=False)
     else:
@@ -163,7 +167,7 @@ def test_idle_polls_skip_the_barrier_only_when_asked(patched, cuda_build, monkey
 
 
 def test_every_launch_is_followed_by_a_barrier_with_idle_polls_skipped(patched, cuda_build, monkeypatch):
-    monkeypatch.setenv(SKIP_IDLE, "1")
+    monkeypatch.delenv(SKIP_IDLE, raising=False)
     s = _loop_scheduler()
     _poll(s)
     for n in range(1, 5):
@@ -178,9 +182,8 @@ def test_every_launch_is_followed_by_a_barrier_with_idle_polls_skipped(patched, 
     ("DECODE", "get_next_disagg_decode_batch_to_run"),
     ("PREFILL", "get_next_disagg_prefill_batch_to_run"),
 ])
-def test_pd_loops_keep_the_barrier_at_every_iteration_when_asked_to_skip(patched, cuda_build, monkeypatch,
-                                                                         mode, loop):
-    monkeypatch.setenv(SKIP_IDLE, "1")
+def test_pd_loops_keep_the_barrier_at_every_iteration(patched, cuda_build, monkeypatch, mode, loop):
+    monkeypatch.delenv(SKIP_IDLE, raising=False)
     s = _loop_scheduler(mode)
     s.running_batch = SimpleNamespace(batch_is_full=False)
     s.process_prefill_chunk = s.get_new_prebuilt_batch
@@ -209,6 +212,7 @@ def test_who_gets_the_barrier(patched, monkeypatch, setting, overlap, algorithm,
     assert s.schedule_stream.waited == ([s.forward_stream] if wanted else [])
     # decided once per scheduler
     monkeypatch.setenv("SGLANG_FUTUREMAP_WAR_BARRIER", "0" if wanted else "1")
+    s.forward_ct += 1  # a launch in between, so the next iteration is not an idle poll
     s.apply_war_barrier()
     assert len(s.schedule_stream.waited) == (2 if wanted else 0)
 

@@ -80,12 +80,20 @@ def _poll(s):
         s.get_next_batch_to_run()
 
 
-def test_by_default_the_barrier_stays_at_the_top_of_every_poll(sched):
+@pytest.mark.parametrize("skip_idle, barriers", [
+    (None, ["barrier"]),  # back-port 17's default: none at the idle poll that follows
+    ("0", ["barrier", "barrier"]),  # its way back: the barrier again at the idle poll
+])
+def test_by_default_the_barrier_stays_at_the_top_of_the_poll(sched, monkeypatch, skip_idle, barriers):
+    if skip_idle is None:
+        monkeypatch.delenv("SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE", skip_idle)
     sched.launch_prefill()
     assert sched.log == ["forward", "stash", "copy to host"]  # nothing after the launch
     _poll(sched)
-    _poll(sched)  # an idle poll: the barrier again
-    assert sched.log == ["forward", "stash", "copy to host", "barrier", "barrier"]
+    _poll(sched)  # an idle poll
+    assert sched.log == ["forward", "stash", "copy to host"] + barriers
 
 
 def test_switched_on_each_launch_ends_with_the_barrier_and_a_poll_adds_none(sched, monkeypatch):
@@ -104,8 +112,11 @@ def test_switched_on_each_launch_ends_with_the_barrier_and_a_poll_adds_none(sche
 
 
 def test_the_pd_loops_keep_their_barrier_at_the_top(sched, monkeypatch):
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
     monkeypatch.setenv(ENV, "1")
     assert sched.war_barrier_after_launch()
+    sched.disaggregation_mode = DisaggregationMode.DECODE  # a PD scheduler runs these loops
 
     def first_decode_statement():
         assert sched.log == ["barrier"]

@@ -13,14 +13,16 @@ batch's) is not ordered behind the forward just launched: upstream found schedul
 there (``req_to_token`` rows rewritten on radix-cache insertion) racing that forward's reads, and
 moved the barrier to right after each launch in 0.5.16. (2) An idle server runs the barrier on
 every poll of its loop: a CUDA event recorded on the forward stream and waited on by the
-schedule stream, thousands of times between two requests at low concurrency. In the serving
+schedule stream, at every poll between two requests at low concurrency. In the serving
 records the patched idle poll took 14.0 us against stock's 6.5 (results/serve-bench/
 h200x4-prefill-2026-11-28), and the one-request prefill launched after those polls takes 3-10%
 more CPU time per unit of core speed than stock's (results/serve-bench/h200x2-corespeed-2026-11-28;
 Triton at concurrency 1 reads TTFT x0.836 over 6 boot pairs). The GPU run of this back-port
 (results/serve-bench/h200x2-war-2026-11-28) found (2) is not that cost: on Triton the one-request
 prefill launch does stock's work per unit of core speed with the barrier here or off altogether,
-and TTFT at 1 / 8 reads x0.901 / x0.885 over 4 boot pairs with it here.
+and TTFT at 1 / 8 reads x0.901 / x0.885 over 4 boot pairs with it here. Since 2026-11-29
+back-port 17 itself leaves its barrier out of an iteration that follows no launch (on by default:
+results/serve-bench/h200-skipidle-2026-11-29), so (2) is gone without this back-port.
 
 How: ``forward_spec_v2_overlap`` (the launch of every spec-v2 overlap batch, the only batches
 the barrier is wanted for) ends with back-port 17's ``apply_war_barrier``, after the forward's
