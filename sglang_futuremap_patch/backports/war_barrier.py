@@ -19,7 +19,11 @@ How: at the point where the overlap loops ask for the next batch (the first stat
 ``get_next_batch_to_run`` and of the two PD-disaggregation variants, which the loops call right
 after taking in requests, as 0.5.13 places its barrier), the schedule stream waits for the
 forward stream: every schedule-stream write of that iteration is queued behind the forward that
-reads the buffers. The host does not wait: it only queues the dependency. A blocking host copy
+reads the buffers. Beyond 0.5.13, an iteration that follows no launch (``forward_ct`` unchanged
+since the last barrier: an idle poll) queues none: nothing new ran on the forward stream, so the
+schedule stream already waits for its tail and every launch is ordered as before; the
+PD-disaggregation loops, which queue forward-stream work outside ``run_batch``, keep one at
+every iteration. The host does not wait: it only queues the dependency. A blocking host copy
 on the schedule stream would now hold the host until the whole forward has ended (and the GPU
 idle until the host has launched the next batch), so the blocking ones on the way to a launch
 become asynchronous: the KV-length uploads of spec-v2 ``prepare_for_decode`` (``non_blocking``,
@@ -34,18 +38,14 @@ non-speculative server keeps SGLang's loop as it is. CUDA only, as upstream (#26
 platforms regressed). ``SGLANG_FUTUREMAP_WAR_BARRIER=0`` turns it off (to measure it),
 ``=1`` also asks for it off CUDA.
 
-Beyond 0.5.13, on by default: the barrier is left out of an iteration when no batch was launched
-since the last one (an idle poll; ``run_batch`` counts launches in ``forward_ct``). Nothing new
-is queued on the forward stream then, so the schedule stream already waits for its tail: every
-launch is ordered exactly as with the barrier at every iteration. Without the skip, an idle
-server records an event and queues a wait at every poll of its loop between two requests
-(0.5.16 reaches the same at idle by moving the barrier after each launch, #31687, back-port 27,
-which also orders the same iteration's result processing behind the launch). On the FA3
-mixed-length serving row at concurrency 1 the plugin read TTFT p50 x0.957 at equal core speed
-with a barrier at every poll (12 pairs) and x1.072 with the skip (5); token for token in the e2e group
-``sidle`` (results/serve-bench/h200-skipidle-2026-11-29). Not in the PD-disaggregation loops,
-which queue forward-stream work outside ``run_batch``.
-``SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=0`` keeps a barrier at every iteration.
+The idle-poll skip is on by default. Without it an idle server records an event and queues a
+wait at every poll of its loop between two requests (0.5.16 reaches the same at idle by moving
+the barrier after each launch, #31687, back-port 27, which also orders the same iteration's
+result processing behind the launch). On the FA3 mixed-length serving row at concurrency 1 the
+plugin read TTFT p50 x0.957 at equal core speed with a barrier at every poll (12 pairs) and
+x1.072 with the skip (5); token for token in the e2e group ``sidle``
+(results/serve-bench/h200-skipidle-2026-11-29). ``SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=0``
+keeps a barrier at every iteration.
 """
 
 from __future__ import annotations
@@ -306,13 +306,7 @@ BACKPORT = Backport(
     applied_upstream="0.5.13",
     targets=(
         Target(_SCHEDULER, "war_barrier_wanted", war_barrier_wanted, expected=ABSENT),
-        Target(_SCHEDULER, "war_barrier_skips_idle", war_barrier_skips_idle, expected=ABSENT,
-               edit_note=(
-                   "Beyond 0.5.13, an iteration that follows no launch (an idle poll: ``forward_ct`` "
-                   "unchanged since the last barrier) queues no barrier: nothing new ran on the forward "
-                   "stream, so the schedule stream already waits for its tail and every launch is "
-                   "ordered as before. The PD-disaggregation loops keep a barrier at every iteration. "
-                   "``SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=0`` does the same outside them.")),
+        Target(_SCHEDULER, "war_barrier_skips_idle", war_barrier_skips_idle, expected=ABSENT),
         Target(_SCHEDULER, "Scheduler.apply_war_barrier", apply_war_barrier, expected=ABSENT),
         Target(_SCHEDULER, "Scheduler.get_next_batch_to_run", None, expected="e3845363c7dc53f4", kind="edit",
                edits=_NEXT_BATCH_EDITS),
