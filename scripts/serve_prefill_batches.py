@@ -76,7 +76,10 @@ share ran on a slower core; with the core as fast, the launch itself took longer
 ``--core-pairs`` sets each boot pair's TTFT p50 ratio beside the ratio of its two servers' core
 readings and compares the pairs at equal core speed (``core_pair_rows``, ``core_pair_summary``):
 on machines whose vCPUs differ in speed from server to server, the pair's ratio less the part
-that follows its cores.
+that follows its cores. ``--rename RECORD:VARIANT=NAME`` (repeatable) gives the pairs of one
+record's variant another name before they are summed up, so that records whose servers ran the
+same code under different variant names pool (``patched`` of one build is ``patched-skip-idle``
+of the build before it).
 
 ``--census`` prints instead, for a run with ``SMOKE_CALL_CENSUS=N``, the calls made inside the
 one-request prefill launches the probe counted, both sides' launches matched prompt by prompt,
@@ -949,6 +952,19 @@ def core_pair_rows(pairs: list[tuple[str, dict[str, Any], dict[str, list[dict[st
                         "core_ratio": statistics.median(cores[0]) / statistics.median(cores[1]),
                         "cpu_per_core_ratio": (statistics.median(works[1]) / statistics.median(works[0])
                                                if all(works) else None)})
+    return out
+
+
+def parse_renames(specs: list[str]) -> dict[tuple[str, str], str]:
+    """``--rename RECORD:VARIANT=NAME`` values as {(record, variant): name}; ValueError names a
+    malformed one."""
+    out: dict[tuple[str, str], str] = {}
+    for spec in specs:
+        head, eq, name = spec.partition("=")
+        record, colon, variant = head.partition(":")
+        if not (eq and colon and record and variant and name):
+            raise ValueError(f"--rename wants RECORD:VARIANT=NAME, got {spec!r}")
+        out[(record, variant)] = name
     return out
 
 
@@ -1869,6 +1885,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slope", type=float,
                    help="with --core-pairs: how much of a pair's log TTFT ratio follows its log core ratio "
                         "(default: fitted over the pairs of each concurrency)")
+    p.add_argument("--rename", action="append", default=[], metavar="RECORD:VARIANT=NAME",
+                   help="with --core-pairs: count the pairs of VARIANT in the record whose folder is RECORD as NAME "
+                        "(repeatable; records whose servers ran the same code under different variant names pool)")
     p.add_argument("--compiles", action="store_true",
                    help="instead: the Triton JIT compiles in the scheduler's process, per variant, kernel and caller")
     p.add_argument("--host-speed", action="store_true",
@@ -1909,6 +1928,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.slope is not None and not args.core_pairs:
         print("serve_prefill_batches: --slope goes with --core-pairs", file=sys.stderr)
+        return 2
+    if args.rename and not args.core_pairs:
+        print("serve_prefill_batches: --rename goes with --core-pairs", file=sys.stderr)
+        return 2
+    try:
+        renames = parse_renames(args.rename)
+    except ValueError as exc:
+        print(f"serve_prefill_batches: {exc}", file=sys.stderr)
         return 2
     if args.plot and not args.host_speed:
         print("serve_prefill_batches: --plot goes with --host-speed", file=sys.stderr)
@@ -1974,6 +2001,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.core_pairs:
         rows = core_pair_rows([(path.parent.name, record, by_run) for path, record, by_run in pairs])
+        for r in rows:
+            r["variant"] = renames.get((r["record"], r["variant"]), r["variant"])
         if not rows:
             print("serve_prefill_batches: no boot pair with core readings on both sides in these logs "
                   "(a run with SMOKE_CORE_SPEED=1, timelines from 2026-11-28 on)", file=sys.stderr)

@@ -974,6 +974,16 @@ def test_core_pairs_set_each_boot_pairs_ttft_beside_its_cores_and_compare_at_equ
     plain = _tar(tmp_path / "p.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": _events(cells)}})
     assert spb.main(["--core-pairs", str(rec), str(plain)]) == 1
     assert "SMOKE_CORE_SPEED=1" in capsys.readouterr().err
+    # --rename: the record's patched pairs counted under another name (and only that record's).
+    assert spb.main(["--core-pairs", "--json", "--rename", "pairs:patched=patched-skip-idle",
+                     "--rename", "other:patched=x", str(rec), str(logs)]) == 0
+    renamed = json.loads(capsys.readouterr().out)
+    assert {r["variant"] for r in renamed["core_pairs"]} == {"patched-skip-idle"}
+    assert [(s["variant"], s["pairs"]) for s in renamed["summary"]] == [("patched-skip-idle", 4)]
+    for bad in (["--core-pairs", "--rename", "patched=x"], ["--core-pairs", "--rename", "pairs:patched"],
+                ["--launches", "--rename", "pairs:patched=x"]):
+        assert spb.main([*bad, str(rec), str(logs)]) == 2
+        assert capsys.readouterr().err.count("\n") == 1  # one line, no traceback
     assert spb.main(["--slope", "0.5", "--core-speed", str(rec), str(logs)]) == 2
     assert spb.main(["--core-pairs", "--core-speed", str(rec), str(logs)]) == 2
 
