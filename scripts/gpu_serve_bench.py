@@ -142,8 +142,8 @@ MODE_NOTES = {
                                 "(SGLANG_FUTUREMAP_WAR_BARRIER_AFTER_LAUNCH=1): back-port 17's barrier right "
                                 "after each spec-v2 launch, none in an idle loop",
     "patched-skip-idle": "the plugin with back-port 17's barrier left out after an idle poll "
-                         "(SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1; the default since 2026-11-29: = patched "
-                         "since): every launch ordered as before",
+                         "(SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=1): every launch ordered as before; the "
+                         "default since 2026-11-29, so the same code as patched from then on",
     "patched-poll-barrier": "the plugin with back-port 17's barrier at every poll of the loop, idle ones "
                             "included (SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE=0): the plugin before 2026-11-29",
 }

@@ -64,8 +64,8 @@ WAR_BARRIER_SKIP_IDLE_ENV = "SGLANG_FUTUREMAP_WAR_BARRIER_SKIP_IDLE"
 
 def war_barrier_wanted(scheduler) -> bool:
     """Whether ``scheduler``'s overlap loop should put its schedule stream behind the forward
-    stream every iteration: speculative decoding with the overlap scheduler, on CUDA (or as the
-    environment variable says)."""
+    stream (at every iteration that follows a launch, ``apply_war_barrier``): speculative
+    decoding with the overlap scheduler, on CUDA (or as the environment variable says)."""
     setting = os.environ.get("SGLANG_FUTUREMAP_WAR_BARRIER", "").strip()
     if setting == "0" or not scheduler.enable_overlap or scheduler.spec_algorithm.is_none():
         return False
