@@ -508,6 +508,48 @@ def stall_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) 
     return rows
 
 
+def full_gc_points(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]],
+                   label: str = "") -> list[dict[str, Any]]:
+    """One row per server of the record with a timeline: variant, boot, ``record`` (``label``),
+    ``requests`` (the requests its API server received, warm-ups included) and ``full_gcs``: for
+    each full collection in the API server, the requests it had received by then and the pause
+    (ms). Where a server's first full collection falls, in requests: past its last request it
+    lands in no cell, which the cells alone do not tell apart from a server that collected none."""
+    rows = []
+    for run in record["runs"]:
+        events = by_run.get(f"{run['variant']}-boot{run['boot']}")
+        if not events:
+            continue
+        received = sorted(e["received"] for e in events if e["kind"] == "api")
+        full = sorted((e for e in events if e["kind"] == "gc" and e.get("where") == "api" and e["gen"] == 2),
+                      key=lambda e: e["t"])
+        rows.append({"record": label, "variant": run["variant"], "boot": run["boot"], "requests": len(received),
+                     "full_gcs": [{"at_request": bisect.bisect_left(received, g["t"]),
+                                   "ms": round((g["t1"] - g["t"]) * 1e3, 1)} for g in full]})
+    return rows
+
+
+def full_gc_table(rows: list[dict[str, Any]]) -> str:
+    """``full_gc_points`` rows: per server, and per variant the servers that collected and the
+    requests of their first collection (median)."""
+    lines = ["The API server's full collections, per server (at request: the requests it had received by then, "
+             "warm-ups included):", "", "| record | variant | boot | requests received | full collections: at request "
+             "(ms) |", "|---|---|---|---|---|"]
+    for r in rows:
+        at = ", ".join(f"{g['at_request']} ({g['ms']:.0f} ms)" for g in r["full_gcs"]) or "none"
+        lines.append(f"| {r['record']} | {r['variant']} | {r['boot']} | {r['requests']} | {at} |")
+    lines += ["", "| variant | servers | with a full collection | first at request (median; range) | "
+                  "the others received (range) |", "|---|---|---|---|---|"]
+    for v in sorted({r["variant"] for r in rows}, key=lambda v: (v != "stock", v)):
+        side = [r for r in rows if r["variant"] == v]
+        firsts = [r["full_gcs"][0]["at_request"] for r in side if r["full_gcs"]]
+        others = [r["requests"] for r in side if not r["full_gcs"]]
+        first = f"{statistics.median(firsts):g}; {min(firsts)}-{max(firsts)}" if firsts else "-"
+        rest = f"{min(others)}-{max(others)}" if others else "-"
+        lines.append(f"| {v} | {len(side)} | {len(firsts)} | {first} | {rest} |")
+    return "\n".join(lines)
+
+
 def stall_table(rows: list[dict[str, Any]]) -> str:
     """Per concurrency: each side's stalls (boots with one in the cell / boots with lag data), the
     requests they hit and the API server's full garbage collections, then stock -> patched
@@ -1857,7 +1899,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launches", action="store_true",
                    help="instead: per concurrency and variant, how long decode and prefill launches hold the scheduler thread")
     p.add_argument("--stalls", action="store_true",
-                   help="instead: the API server's event-loop stalls per cell, and TTFT with and without the requests they hit")
+                   help="instead: the API server's event-loop stalls per cell, and TTFT with and without the requests they hit; "
+                        "then per server the requests its API server had received at each full collection")
     p.add_argument("--strata", action="store_true",
                    help="instead: the API server's TTFT per request by the size of its shared prefill, both sides at equal sizes")
     p.add_argument("--frames", action="store_true",
@@ -2031,7 +2074,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.launches:
         rows = launch_split([(str(path.parent), record, by_run) for path, record, by_run in pairs])
     elif args.stalls:
-        rows = [row for _, record, by_run in pairs for row in stall_rows(record, by_run)]
+        rows, gcs = [], []
+        for path, record, by_run in pairs:
+            rows += stall_rows(record, by_run)
+            gcs += full_gc_points(record, by_run, path.parent.name)
     elif args.intake:
         rows = [row for _, record, by_run in pairs for row in intake_rows(record, by_run)]
     elif args.waves:
@@ -2056,7 +2102,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"launches": rows}, indent=1) if args.json else launch_tables(rows))
         return 0
     if args.stalls:
-        print(json.dumps({"stalls": rows}, indent=1) if args.json else stall_table(rows))
+        print(json.dumps({"stalls": rows, "full_gcs": gcs}, indent=1) if args.json
+              else stall_table(rows) + "\n\n" + full_gc_table(gcs))
         return 0
     if args.intake:
         print(json.dumps({"intake": rows}, indent=1) if args.json else intake_table(rows))

@@ -274,7 +274,10 @@ def test_stalls_mode_finds_the_api_servers_pauses_and_the_requests_they_hit(tmp_
     patched += _api(patched, {**slow, "s2": 5.5}, [(0.0, 0.05), (stall_at, 0.4), (stall_at + 0.9, 0.001)])
     patched += [{"kind": "gc", "t": stall_at, "t1": stall_at + 0.38, "gen": 2, "collected": 9, "where": "api"},
                 {"kind": "gc", "t": stall_at, "t1": stall_at + 0.2, "gen": 2, "collected": 9, "where": "scheduler"},
-                {"kind": "gc", "t": stall_at, "t1": stall_at + 0.01, "gen": 1, "collected": 9, "where": "api"}]
+                {"kind": "gc", "t": stall_at, "t1": stall_at + 0.01, "gen": 1, "collected": 9, "where": "api"},
+                # between the cells (after d's first output, before x1 arrives): in no cell's span
+                {"kind": "gc", "t": arrival["x1"] - 0.001, "t1": arrival["x1"] - 0.0005, "gen": 2, "collected": 9,
+                 "where": "api"}]
     patched.sort(key=lambda e: e["t"])
     assert spb.api_stalls(patched) == [(stall_at, stall_at + 0.9, 400.0)]  # to the next window's start
     assert spb.api_stalls(stock) == []
@@ -287,7 +290,14 @@ def test_stalls_mode_finds_the_api_servers_pauses_and_the_requests_they_hit(tmp_
     logs = _tar(tmp_path / "l.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": stock},
                                         "timeline/patched-boot0/timeline-2.json": {"events": patched}})
     assert spb.main(["--stalls", "--json", str(rec), str(logs)]) == 0
-    rows = {(r["variant"], r["concurrency"]): r for r in json.loads(capsys.readouterr().out)["stalls"]}
+    doc = json.loads(capsys.readouterr().out)
+    rows = {(r["variant"], r["concurrency"]): r for r in doc["stalls"]}
+    # Per server, where its API server's full collections fell in requests received (the health
+    # check and the warm-ups count): the one between the cells too, which no cell holds.
+    assert doc["full_gcs"] == [
+        {"record": tmp_path.name, "variant": "stock", "boot": 0, "requests": 19, "full_gcs": []},
+        {"record": tmp_path.name, "variant": "patched", "boot": 0, "requests": 19,
+         "full_gcs": [{"at_request": 7, "ms": 0.5}, {"at_request": 19, "ms": 380.0}]}]
     first, second = rows["patched", 2], rows["patched", 4]
     assert first["stalls"] == [] and first["hit"] == 0 and first["requests"] == 4 and first["api_gc_ms"] == []
     assert second["api_gc_ms"] == [380.0]  # the API server's full collection only
@@ -299,6 +309,9 @@ def test_stalls_mode_finds_the_api_servers_pauses_and_the_requests_they_hit(tmp_
     out = capsys.readouterr().out
     assert "| 4 | 0 of 1 / 1 of 1 | 0 / 2 | 0 / 1 (longest 380 ms) | 6.0 -> 6.0 (x1.000) | 5.0 -> 400.0 (x0.013) | 5.0 -> 5.0 (x1.000) " \
            "| 5.0 -> 5.0 (x1.000) | 5.0 -> 419.3 (x0.012) | 5.0 -> 5.5 (x0.909) |" in out
+    assert f"| {tmp_path.name} | patched | 0 | 19 | 7 (0 ms), 19 (380 ms) |" in out
+    assert f"| {tmp_path.name} | stock | 0 | 19 | none |" in out
+    assert "| stock | 1 | 0 | - | 19-19 |\n| patched | 1 | 1 | 7; 7-7 | - |" in out
     # A timeline without lag events (records before the lag probe) has no stall data, not no stall.
     no_lag = _tar(tmp_path / "n.tar.gz", {"timeline/stock-boot0/timeline-1.json": {"events": [
         e for e in stock if e["kind"] != "lag"]}, "timeline/patched-boot0/timeline-2.json": {"events": patched}})
