@@ -472,6 +472,13 @@ def api_stalls(events: list[dict[str, Any]]) -> list[tuple[float, float, float]]
     return out
 
 
+def api_full_gcs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The API server's full garbage collections (generation 2) in one server's timeline, in
+    time order."""
+    return sorted((e for e in events if e["kind"] == "gc" and e.get("where") == "api" and e["gen"] == 2),
+                  key=lambda e: e["t"])
+
+
 def stall_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per boot and cell: variant, boot, concurrency, ``requests`` (measured requests with
     the API server's timestamps), ``stalls`` (the longest late wake-ups, ms, of the stalls that
@@ -487,7 +494,7 @@ def stall_rows(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]]]) 
         api = {e["rid"]: e for e in events if e["kind"] == "api"}
         stalls = api_stalls(events)
         lagged = any(e["kind"] == "lag" for e in events)  # records before the lag probe have none
-        full_gcs = [e for e in events if e["kind"] == "gc" and e.get("where") == "api" and e["gen"] == 2]
+        full_gcs = api_full_gcs(events)
         for c, _, arrivals in cells:
             spans = [(api[e["rid"]]["received"], api[e["rid"]]["first"]) for e in arrivals if e["rid"] in api]
             if not spans:
@@ -521,8 +528,7 @@ def full_gc_points(record: dict[str, Any], by_run: dict[str, list[dict[str, Any]
         if not events:
             continue
         received = sorted(e["received"] for e in events if e["kind"] == "api")
-        full = sorted((e for e in events if e["kind"] == "gc" and e.get("where") == "api" and e["gen"] == 2),
-                      key=lambda e: e["t"])
+        full = api_full_gcs(events)
         rows.append({"record": label, "variant": run["variant"], "boot": run["boot"], "requests": len(received),
                      "full_gcs": [{"at_request": bisect.bisect_left(received, g["t"]),
                                    "ms": round((g["t1"] - g["t"]) * 1e3, 1)} for g in full]})
