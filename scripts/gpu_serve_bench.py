@@ -1303,11 +1303,14 @@ def paired_runs(docs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
     return kept, dropped
 
 
-def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] = ()) -> str:
+def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] = (),
+          only: Sequence[int] | None = None) -> str:
     """The Markdown summary of these records (median over all their boots); with ``plot``, also
     an SVG of the patched / stock ratios there; with ``logs`` (each record's
     ``serve-logs.tar.gz``, in order), outputs compared from the ``bench_serving`` files there
-    where a record has no digests (records before 2026-11-26)."""
+    where a record has no digests (records before 2026-11-26); with ``only``, the cells of those
+    concurrencies alone (records that pool well at some concurrencies and not at others: two
+    builds that differ where only some cells reach)."""
     docs = [json.loads(p.read_text()) for p in paths]
     if logs and len(logs) != len(docs):
         raise ValueError(f"--logs: {len(logs)} archive(s) for {len(docs)} record(s); give one per record, in order")
@@ -1318,6 +1321,13 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
     if len(models) > 1:
         raise ValueError(f"these records ran different models ({', '.join(models)}): merge each model's apart")
     runs, unpaired = paired_runs(docs)
+    if only is not None:
+        keep = {str(c) for c in only}
+        runs = [{**r, "cells": {c: v for c, v in r["cells"].items() if c in keep}} for r in runs]
+        runs = [r for r in runs if r["cells"]]
+        unpaired = [u for u in unpaired if u.rsplit(" ", 1)[-1] in keep]
+        if not runs:
+            raise ValueError(f"no cell at concurrency {', '.join(str(c) for c in only)} in these records")
     summary = summarize(runs)
     env = docs[0]["environment"]
     worse = worse_cells(summary)
@@ -1340,7 +1350,9 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
              "",
              *record_differences(docs),
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
-             "(x: how much better patched is; > 1 is better).", "", format_table(summary), "",
+             "(x: how much better patched is; > 1 is better)"
+             + (f"; only the cells at concurrency {', '.join(str(c) for c in only)} (--concurrency)"
+                if only is not None else "") + ".", "", format_table(summary), "",
              "Latency cells more than 3% worse patched: " + ("; ".join(worse) if worse else "none")]
     if unpaired:
         lines += ["", f"Left out, no partner in the same boot (a boot cut off by --budget): {'; '.join(unpaired)}"]
@@ -1457,7 +1469,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--upstream-site", default=child_env.upstream_site(None),
                    help="site folder of the upstream variant (default: where .gpu-0513/activate.sh unpacks)")
     p.add_argument("--boots", type=int, default=3, help="fresh servers per variant")
-    p.add_argument("--concurrency", type=parse_int_list, default=parse_int_list("1,4,8,13,16,32,45,48"))
+    p.add_argument("--concurrency", type=parse_int_list, default=None,
+                   help="the cells to run (default 1,4,8,13,16,32,45,48); with --merge, the cells to summarise "
+                        "(default: every cell of the records)")
     p.add_argument("--dataset", choices=("random-ids", "generated-shared-prefix"), default="random-ids")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=256)
@@ -1511,13 +1525,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: no such record: {', '.join(missing)}", file=sys.stderr)
             return 2
         try:
-            sys.stdout.write(merge(args.merge, args.plot, args.logs))
+            sys.stdout.write(merge(args.merge, args.plot, args.logs, args.concurrency))
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         return 0
     if args.out is None:
         p.error("--out is required (or --merge)")
+    if args.concurrency is None:
+        args.concurrency = parse_int_list("1,4,8,13,16,32,45,48")
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in MODES]
     if unknown:

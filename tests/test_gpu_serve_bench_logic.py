@@ -1695,6 +1695,30 @@ def test_merge_leaves_out_a_cell_whose_boot_has_no_partner_on_the_other_side(tmp
     assert len(kept) == 4
 
 
+def test_merge_keeps_only_the_concurrencies_asked_for(tmp_path: Path, capsys) -> None:
+    """``--merge ... --concurrency 32``: the other cells are left out of every table (two builds
+    pooled where they run the same code, apart where they do not); without it every cell."""
+    def both(variant: str, boot: int, ttft32: float, ttft48: float) -> dict:
+        run = _run(variant, boot, ttft32, 10, 1000)
+        run["cells"]["48"] = _run(variant, boot, ttft48, 10, 1000)["cells"]["32"]
+        return run
+    runs = [both("stock", 0, 100, 100), both("patched", 0, 90, 200), both("stock", 1, 100, 100),
+            both("patched", 1, 90, 200)]
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "config": {
+        "backend": "default", "server_args": []}}, "runs": runs}))
+    every = sb.merge([doc])
+    assert "| 32 | 100.0 -> 90.0 (x1.111)" in every and "| 48 | 100.0 -> 200.0 (x0.500)" in every
+    assert "conc 48 median_ttft_ms: x0.500" in every
+    assert sb.main(["--merge", str(doc), "--concurrency", "32"]) == 0
+    only = capsys.readouterr().out
+    assert "| 32 | 100.0 -> 90.0 (x1.111)" in only and "| 48 |" not in only
+    assert "only the cells at concurrency 32 (--concurrency)" in only
+    assert "Latency cells more than 3% worse patched: none" in only
+    assert sb.main(["--merge", str(doc), "--concurrency", "16"]) == 2
+    assert "no cell at concurrency 16 in these records" in capsys.readouterr().err
+
+
 def test_merge_sets_out_boot_pairs_with_an_interval_that_counts_the_scatter_between_boots(tmp_path: Path) -> None:
     """Each boot's stock / patched is one pair; the table gives their geometric mean, a 95%
     Student-t interval over the pairs and the pairs a +-3% interval would take at that scatter.
