@@ -1320,14 +1320,15 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
     models = sorted({record_model(d) for d in docs})
     if len(models) > 1:
         raise ValueError(f"these records ran different models ({', '.join(models)}): merge each model's apart")
-    runs, unpaired = paired_runs(docs)
     if only is not None:
+        # Before pairing, so that a cell left out is neither summarised nor listed as unpaired.
         keep = {str(c) for c in only}
-        runs = [{**r, "cells": {c: v for c, v in r["cells"].items() if c in keep}} for r in runs]
-        runs = [r for r in runs if r["cells"]]
-        unpaired = [u for u in unpaired if u.rsplit(" ", 1)[-1] in keep]
-        if not runs:
-            raise ValueError(f"no cell at concurrency {', '.join(str(c) for c in only)} in these records")
+        for doc in docs:
+            for r in doc["runs"]:
+                r["cells"] = {c: v for c, v in r["cells"].items() if c in keep}
+    runs, unpaired = paired_runs(docs)
+    if only is not None and not runs:
+        raise ValueError(f"no cell at concurrency {', '.join(str(c) for c in only)} in these records")
     summary = summarize(runs)
     env = docs[0]["environment"]
     worse = worse_cells(summary)
