@@ -1303,14 +1303,54 @@ def paired_runs(docs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
     return kept, dropped
 
 
+# What may differ between records joined into one run (--join): how many boots and which cells
+# each call ran; everything the servers and the client ran with must be the same.
+JOIN_FREE_CONFIG = frozenset({"boots", "concurrency"})
+
+
+def join_records(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """These records as one: runs of one machine in consecutive calls, where a later call
+    finishes a boot that an earlier call's ``--budget`` cut off (h100-triton-2026-12-07: stock's
+    boot 1 started after the patched one in the next call, the machine still warm), so that the
+    boot's servers pair as they would within one call. A ``ValueError`` where the records differ
+    in date, GPU, SGLang or configuration (but for ``JOIN_FREE_CONFIG``) or where two of them
+    hold cells of the same variant and boot. A run cut off before any cell is dropped."""
+    first = docs[0]["environment"]
+    for doc in docs[1:]:
+        env = doc["environment"]
+        for key in ("date", "gpu", "sglang"):
+            if env.get(key) != first.get(key):
+                raise ValueError(f"--join: the records differ in {key} ({first.get(key)} / {env.get(key)}); "
+                                 "join only calls of one machine, one after another")
+        keys = (set(first.get("config", {})) | set(env.get("config", {}))) - JOIN_FREE_CONFIG
+        differ = sorted(k for k in keys if first.get("config", {}).get(k) != env.get("config", {}).get(k))
+        if differ:
+            raise ValueError(f"--join: the records differ in {', '.join(differ)}; join only runs of one configuration")
+    runs: list[dict[str, Any]] = []
+    seen: set[tuple[str, Any]] = set()
+    for doc in docs:
+        for run in doc["runs"]:
+            if not run.get("cells"):
+                continue
+            key = (run["variant"], run.get("boot"))
+            if key in seen:
+                raise ValueError(f"--join: {run['variant']} boot {run.get('boot')} has cells in two records; "
+                                 "--join is for a boot that a later call finished")
+            seen.add(key)
+            runs.append(run)
+    commands = [d["environment"].get("command", "") for d in docs]
+    return {**docs[0], "environment": {**first, "command": " ; ".join(c for c in commands if c)}, "runs": runs}
+
+
 def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] = (),
-          only: Sequence[int] | None = None) -> str:
+          only: Sequence[int] | None = None, join: bool = False) -> str:
     """The Markdown summary of these records (median over all their boots); with ``plot``, also
     an SVG of the patched / stock ratios there; with ``logs`` (each record's
     ``serve-logs.tar.gz``, in order), outputs compared from the ``bench_serving`` files there
     where a record has no digests (records before 2026-11-26); with ``only``, the cells of those
     concurrencies alone (records that pool well at some concurrencies and not at others: two
-    builds that differ where only some cells reach)."""
+    builds that differ where only some cells reach); with ``join``, the records as one run
+    (``join_records``: a boot's servers pair across them)."""
     docs = [json.loads(p.read_text()) for p in paths]
     if logs and len(logs) != len(docs):
         raise ValueError(f"--logs: {len(logs)} archive(s) for {len(docs)} record(s); give one per record, in order")
@@ -1320,6 +1360,9 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
     models = sorted({record_model(d) for d in docs})
     if len(models) > 1:
         raise ValueError(f"these records ran different models ({', '.join(models)}): merge each model's apart")
+    joined = len(docs) if join else 0
+    if join:
+        docs = [join_records(docs)]
     if only is not None:
         # Before pairing, so that a cell left out is neither summarised nor listed as unpaired.
         keep = {str(c) for c in only}
@@ -1353,7 +1396,9 @@ def merge(paths: Sequence[Path], plot: Path | None = None, logs: Sequence[Path] 
              f"{len(runs)} server runs from {len(docs)} record(s); cells: stock -> patched, median over boots "
              "(x: how much better patched is; > 1 is better)"
              + (f"; only the cells at concurrency {', '.join(str(c) for c in only)} (--concurrency)"
-                if only is not None else "") + ".", "", format_table(summary), "",
+                if only is not None else "")
+             + (f"; {joined} records joined as one run (--join: a boot's servers pair across them)"
+                if joined else "") + ".", "", format_table(summary), "",
              "Latency cells more than 3% worse patched: " + ("; ".join(worse) if worse else "none")]
     if unpaired:
         lines += ["", f"Left out, no partner in the same boot (a boot cut off by --budget): {'; '.join(unpaired)}"]
@@ -1513,6 +1558,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "launches, from CUDA events); both sides alike")
     p.add_argument("--merge", nargs="+", type=Path, help="print the summary of these records instead")
     p.add_argument("--plot", type=Path, help="with --merge: also write an SVG of the ratios there")
+    p.add_argument("--join", action="store_true",
+                   help="with --merge: the records are one run of one machine in consecutive calls (a later call "
+                        "finishing a boot that --budget cut off): pair a boot's servers across them; the records "
+                        "must agree in date, GPU, SGLang and configuration but for boots and concurrencies")
     p.add_argument("--logs", nargs="+", type=Path, default=[],
                    help="with --merge: each record's serve-logs.tar.gz, in the same order, to compare the "
                         "outputs of records that kept no digests (from the bench_serving files there) and to say "
@@ -1520,13 +1569,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.logs and not args.merge:
         p.error("--logs goes with --merge")
+    if args.join and not args.merge:
+        p.error("--join goes with --merge")
     if args.merge:
         missing = [str(m) for m in args.merge if not m.is_file()]
         if missing:
             print(f"error: no such record: {', '.join(missing)}", file=sys.stderr)
             return 2
         try:
-            sys.stdout.write(merge(args.merge, args.plot, args.logs, args.concurrency))
+            sys.stdout.write(merge(args.merge, args.plot, args.logs, args.concurrency, args.join))
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -127,6 +127,22 @@ def cell_sizes(config: dict[str, Any]) -> list[tuple[str, int, int]]:
             for c in config["concurrency"]]
 
 
+def join_pairs(pairs: list[tuple[Path, dict[str, Any], dict[str, list[dict[str, Any]]]]]
+               ) -> tuple[Path, dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Records of one machine's consecutive calls (and their timelines) as one record, named
+    after the first: ``gpu_serve_bench.join_records`` on the records, and of each record's
+    timelines those of the runs it kept cells of (a run cut off before its first cell can leave
+    a timeline under the name that the later call's run of that boot has)."""
+    record = serve.join_records([rec for _, rec, _ in pairs])
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for _, rec, runs in pairs:
+        for run in rec["runs"]:
+            name = f"{run['variant']}-boot{run['boot']}"
+            if run.get("cells") and name in runs:
+                by_run[name] = runs[name]
+    return pairs[0][0], record, by_run
+
+
 def timelines(tar_path: Path) -> dict[str, list[dict[str, Any]]]:
     """Each server run's scheduler events (``<variant>-boot<n>`` -> events in time order)."""
     by_run: dict[str, list[dict[str, Any]]] = {}
@@ -1934,6 +1950,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slope", type=float,
                    help="with --core-pairs: how much of a pair's log TTFT ratio follows its log core ratio "
                         "(default: fitted over the pairs of each concurrency)")
+    p.add_argument("--join", action="store_true",
+                   help="the records are one run of one machine in consecutive calls (a later call finishing a boot "
+                        "that --budget cut off): read them as one record, a boot's servers paired across them "
+                        "(gpu_serve_bench.py --merge --join)")
     p.add_argument("--rename", action="append", default=[], metavar="RECORD:VARIANT=NAME",
                    help="with --core-pairs: count the pairs of VARIANT in the record whose folder is RECORD as NAME "
                         "(repeatable; records whose servers ran the same code under different variant names pool)")
@@ -2004,6 +2024,9 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             print(f"serve_prefill_batches: no such file: {path}", file=sys.stderr)
             return 2
+    if args.join and args.token_times:
+        print("serve_prefill_batches: --join does not go with --token-times", file=sys.stderr)
+        return 2
     if args.token_times:
         rows = token_time_rows([(json.loads(path.read_text()), serve.bench_results(logs))
                                 for path, logs in zip(args.pairs[::2], args.pairs[1::2])], args.variant)
@@ -2014,6 +2037,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # Read pair by pair, as the rows are made (each record's own messages follow its logs').
     pairs = ((path, json.loads(path.read_text()), timelines(logs)) for path, logs in zip(args.pairs[::2], args.pairs[1::2]))
+    if args.join:
+        try:
+            pairs = iter([join_pairs(list(pairs))])
+        except ValueError as exc:
+            print(f"serve_prefill_batches: {exc}", file=sys.stderr)
+            return 2
     if args.frames or args.functions or args.compiles or args.ftimes or args.core_speed:
         # Fields only timelines from 2026-11-26 on have (the core's speed: from 2026-11-28 on).
         since = "2026-11-26"

@@ -2397,3 +2397,38 @@ def test_merge_says_where_its_records_differ_from_the_first_ones_line(tmp_path: 
     assert text.splitlines()[2] == ("The records differ in (the line above is the first record's): date 2026-11-27 / "
                                     "2026-11-28; --pin-cpus GPU 0 0-15, GPU 1 16-31 / GPU 0 0-31, GPU 1 32-63.")
     assert "differ in" not in sb.merge([a, c]) and "differ in" not in sb.merge([a])
+
+
+def test_merge_join_pairs_a_boot_that_the_next_call_finished(tmp_path: Path, capsys) -> None:
+    """``--merge A B --join``: call A's ``--budget`` cut stock's boot 1 off before any cell, and
+    call B, on the same machine right after, ran it. Read apart, A's patched boot 1 has no partner
+    and is left out; joined, boot 1 pairs across the records. Records that differ in what the
+    servers or the client ran with, or that both hold cells of one server run, are refused in one
+    line; ``--join`` goes with ``--merge`` only."""
+    def doc(name: str, runs: list[dict], **config: object) -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps({"environment": {"date": "d", "gpu": "g", "sglang": "v", "command": name,
+                                                    "config": {"backend": "triton", "server_args": [],
+                                                               "rounds": 4, **config}}, "runs": runs}))
+        return path
+
+    cut = {"variant": "stock", "boot": 1, "cells": {}, "error": "server not ready in time (--budget)"}
+    a = doc("a.json", [_run("stock", 0, 100, 10, 1000), _run("patched", 0, 125, 8, 1000),
+                       _run("patched", 1, 90, 8, 1000), cut], boots=2)
+    b = doc("b.json", [_run("stock", 1, 120, 10, 1000)], boots=1)
+    apart = sb.merge([a, b])
+    assert "Left out, no partner in the same boot (a boot cut off by --budget): patched boot 1 conc 32" in apart
+    assert "| 32 | 110.0 -> 125.0 (x0.880)" in apart
+    assert sb.main(["--merge", str(a), str(b), "--join"]) == 0
+    joined = capsys.readouterr().out
+    assert "Left out" not in joined and "2 records joined as one run (--join" in joined
+    assert "| 32 | 110.0 -> 107.5 (x1.023)" in joined
+    assert "| 32 | 2 | x1.033 [" in joined  # the pairs 100 / 125 and 120 / 90: (0.8 x 4 / 3) ** 0.5
+    c = doc("c.json", [_run("stock", 1, 120, 10, 1000)], boots=1, rounds=8)
+    d = doc("d.json", [_run("patched", 0, 90, 8, 1000)], boots=1)
+    for other, why in ((c, "differ in rounds"), (d, "patched boot 0 has cells in two records")):
+        assert sb.main(["--merge", str(a), str(other), "--join"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err
+    with pytest.raises(SystemExit):
+        sb.main(["--join", "--out", str(tmp_path / "o")])

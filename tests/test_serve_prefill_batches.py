@@ -1227,3 +1227,51 @@ def test_census_matches_each_sides_launches_prompt_by_prompt_and_lists_the_calls
     assert spb.main(["--census", str(rec), str(timed_logs)]) == 0
     table = capsys.readouterr().out
     assert "4.00 -> 5.00 ms (x1.250)" in table and "| `c CUDAGraph.replay` | 3.000 | 4.000 | +1.000 |" in table
+
+
+def test_join_reads_a_boot_finished_in_the_next_call_as_one_record(tmp_path: Path, capsys) -> None:
+    """``--join``: a call whose ``--budget`` cut stock's boot 1 off before its server was ready
+    (its timeline holds a few events under ``stock-boot1``), and the next call on the same machine
+    that ran that server: read as one record, boot 1 pairs across them and the cut-off run's
+    timeline is not used; read apart, boot 1 has no pair. Records that differ in configuration
+    are refused in one line."""
+    cells = [["w1", "w2"], ["a"], ["b", "c", "d"], ["x1", "x2", "x3", "x4"], [f"s{i}" for i in range(8)]]
+
+    def timeline(core: float) -> dict:
+        ev = [{"kind": "run", "t": 0.1 + 0.05 * k, "t1": 0.11 + 0.05 * k, "mode": "EXTEND", "extend": True,
+               "bs": 1, "rids": [f"z{k}"], "cpu_ms": 10.0, "core_us": [core, core]} for k in range(3)]
+        return {"events": sorted(_events(cells) + ev, key=lambda e: e["t"])}
+
+    def call(name: str, runs: list[tuple[str, int, dict[str, float], float]], cut: bool) -> tuple[Path, Path]:
+        doc = _record([(v, b, c) for v, b, c, _ in runs])
+        files = {f"timeline/{v}-boot{b}/timeline-{b}.json": timeline(core) for v, b, _, core in runs}
+        if cut:
+            doc["runs"].append({"variant": "stock", "boot": 1, "cells": {}, "error": "server not ready in time"})
+            files["timeline/stock-boot1/timeline-9.json"] = {"events": _events([["w1"]])}
+        rec = tmp_path / name / "serve-bench.json"
+        rec.parent.mkdir()
+        rec.write_text(json.dumps(doc))
+        return rec, _tar(tmp_path / name / "serve-logs.tar.gz", files)
+
+    first = call("t0", [("stock", 0, {"2": 10.0, "4": 40.0}, 100.0), ("patched", 0, {"2": 10.0, "4": 50.0}, 100.0),
+                        ("patched", 1, {"2": 10.0, "4": 30.0}, 100.0)], cut=True)
+    second = call("t1", [("stock", 1, {"2": 10.0, "4": 36.0}, 120.0)], cut=False)
+    args = ["--core-pairs", "--json", *map(str, first), *map(str, second)]
+    assert spb.main(args) == 0
+    apart = json.loads(capsys.readouterr().out)["core_pairs"]
+    assert [(r["record"], r["boot"]) for r in apart] == [("t0", 0)]
+    assert spb.main(["--join", *args]) == 0
+    joined = json.loads(capsys.readouterr().out)["core_pairs"]
+    assert [(r["record"], r["boot"]) for r in joined] == [("t0", 0), ("t0", 1)]
+    assert [round(r["ttft_ratio"], 3) for r in joined] == [0.8, 1.2]
+    assert round(joined[1]["core_ratio"], 3) == 1.2  # stock's 120 us from the later call, not the cut-off run
+    # In either order: the cut-off run's timeline never stands in for the run that has the cells.
+    assert spb.main(["--join", "--core-pairs", "--json", *map(str, second), *map(str, first)]) == 0
+    assert json.loads(capsys.readouterr().out)["core_pairs"] == [dict(r, record="t1") for r in joined]
+    other = json.loads(second[0].read_text())
+    other["environment"]["config"]["rounds"] = 3
+    second[0].write_text(json.dumps(other))
+    assert spb.main(["--join", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "differ in rounds" in err
+    assert spb.main(["--join", "--token-times", *map(str, first)]) == 2
