@@ -42,6 +42,9 @@
 # serve-logs.tar.gz (setup.log, logs/, bench/, and timeline/ with --timeline). Join the
 # records of several calls on your machine:
 #   python3 scripts/gpu_serve_bench.py --merge a/serve-bench.json b/serve-bench.json > results/serve-bench/README.md
+# Where a call's --budget cut a boot off and the next call on the same machine ran the rest of it
+# (--variants stock --boots 1 --first-boot N), --join pairs that boot's servers across the two:
+#   python3 scripts/gpu_serve_bench.py --merge a/serve-bench.json b/serve-bench.json --join
 set -uo pipefail
 
 # shellcheck disable=SC1091
