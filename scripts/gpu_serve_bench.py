@@ -1569,8 +1569,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.logs and not args.merge:
         p.error("--logs goes with --merge")
-    if args.join and not args.merge:
-        p.error("--join goes with --merge")
+    if args.join and len(args.merge or ()) < 2:
+        p.error("--join goes with --merge and two records or more")
     if args.merge:
         missing = [str(m) for m in args.merge if not m.is_file()]
         if missing:

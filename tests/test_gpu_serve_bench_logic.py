@@ -2430,5 +2430,7 @@ def test_merge_join_pairs_a_boot_that_the_next_call_finished(tmp_path: Path, cap
         assert sb.main(["--merge", str(a), str(other), "--join"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err
-    with pytest.raises(SystemExit):
-        sb.main(["--join", "--out", str(tmp_path / "o")])
+    for alone in (["--join", "--out", str(tmp_path / "o")], ["--merge", str(a), "--join"]):
+        with pytest.raises(SystemExit):
+            sb.main(alone)
+        assert "--join goes with --merge and two records or more" in capsys.readouterr().err
