@@ -1322,8 +1322,8 @@ def join_records(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             if env.get(key) != first.get(key):
                 raise ValueError(f"--join: the records differ in {key} ({first.get(key)} / {env.get(key)}); "
                                  "join only calls of one machine, one after another")
-        keys = (set(first.get("config", {})) | set(env.get("config", {}))) - JOIN_FREE_CONFIG
-        differ = sorted(k for k in keys if first.get("config", {}).get(k) != env.get("config", {}).get(k))
+        ours, theirs = first.get("config", {}), env.get("config", {})
+        differ = sorted(k for k in (set(ours) | set(theirs)) - JOIN_FREE_CONFIG if ours.get(k) != theirs.get(k))
         if differ:
             raise ValueError(f"--join: the records differ in {', '.join(differ)}; join only runs of one configuration")
     runs: list[dict[str, Any]] = []
