@@ -2027,6 +2027,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.join and args.token_times:
         print("serve_prefill_batches: --join does not go with --token-times", file=sys.stderr)
         return 2
+    if args.join and len(args.pairs) < 4:
+        print("serve_prefill_batches: --join reads two records or more (each with its logs)", file=sys.stderr)
+        return 2
     if args.token_times:
         rows = token_time_rows([(json.loads(path.read_text()), serve.bench_results(logs))
                                 for path, logs in zip(args.pairs[::2], args.pairs[1::2])], args.variant)

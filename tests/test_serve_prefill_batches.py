@@ -1268,6 +1268,9 @@ def test_join_reads_a_boot_finished_in_the_next_call_as_one_record(tmp_path: Pat
     # In either order: the cut-off run's timeline never stands in for the run that has the cells.
     assert spb.main(["--join", "--core-pairs", "--json", *map(str, second), *map(str, first)]) == 0
     assert json.loads(capsys.readouterr().out)["core_pairs"] == [dict(r, record="t1") for r in joined]
+    # One record is nothing to join (gpu_serve_bench.py --join says the same).
+    assert spb.main(["--join", "--core-pairs", *map(str, first)]) == 2
+    assert capsys.readouterr().err.strip() == "serve_prefill_batches: --join reads two records or more (each with its logs)"
     other = json.loads(second[0].read_text())
     other["environment"]["config"]["rounds"] = 3
     second[0].write_text(json.dumps(other))
