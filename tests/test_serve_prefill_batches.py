@@ -1277,4 +1277,5 @@ def test_join_reads_a_boot_finished_in_the_next_call_as_one_record(tmp_path: Pat
     assert spb.main(["--join", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "differ in rounds" in err
-    assert spb.main(["--join", "--token-times", *map(str, first)]) == 2
+    assert spb.main(["--join", "--token-times", *map(str, first), *map(str, second)]) == 2
+    assert capsys.readouterr().err.strip() == "serve_prefill_batches: --join does not go with --token-times"
